@@ -1,0 +1,83 @@
+"""Kiln's configuration: a tree of frozen dataclasses, validated once.
+
+Unknown keys are an error (`EngineConfig.from_dict`), and every range check
+lives here so the rest of the code may trust its config.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.errors import ConfigError
+
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str | None = None  # path to a HF dir or GGUF file; None = installed SmolLM2
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_model_len: int | None = None  # None = the model's own context length
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", param="dtype")
+        if self.device.split(":")[0] not in DEVICES:
+            raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}", param="device")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError("max_model_len must be positive", param="max_model_len")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_memory_gib: float = 1.0  # budget for the paged KV pool
+    num_blocks: int | None = None  # overrides the memory budget (tests)
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ConfigError("block_size must be a power of two up to 128", param="block_size")
+        if self.kv_cache_memory_gib <= 0:
+            raise ConfigError("kv_cache_memory_gib must be positive", param="kv_cache_memory_gib")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ConfigError("num_blocks must be positive", param="num_blocks")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 1024  # token budget per engine step
+    max_num_seqs: int = 128
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs must be positive", param="max_num_seqs")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @classmethod
+    def from_flat(cls, **options: Any) -> "EngineConfig":
+        """Build from flat keyword options (`dtype=..., block_size=...`).
+
+        Each key must name a field of exactly one section; unknown keys raise.
+        """
+        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        owners = {f.name: name for name, c in sections.items() for f in dataclasses.fields(c)}
+        grouped: dict[str, dict[str, Any]] = {name: {} for name in sections}
+        for key, value in options.items():
+            if key not in owners:
+                raise ConfigError(f"unknown engine option {key!r}", param=key)
+            grouped[owners[key]][key] = value
+        return cls(**{name: sections[name](**kw) for name, kw in grouped.items()})

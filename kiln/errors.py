@@ -1,0 +1,76 @@
+"""Kiln's typed errors. Every user-facing failure is one of these.
+
+The mapping from error type to HTTP / gRPC status lives here and nowhere
+else, so every transport answers the same failure the same way.
+"""
+from __future__ import annotations
+
+
+class KilnError(Exception):
+    """Base class. `http_status` and `grpc_code` are class attributes."""
+
+    http_status = 500
+    grpc_code = "INTERNAL"
+    error_type = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(KilnError):
+    """The request is malformed or a parameter is out of range."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+    error_type = "invalid_request_error"
+
+
+class PromptTooLongError(InvalidRequestError):
+    """Prompt plus requested output does not fit the model's context."""
+
+
+class ConfigError(KilnError):
+    """An engine or model option is invalid (a start-up error)."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+    error_type = "config_error"
+
+
+class ModelLoadError(KilnError):
+    """A model file is missing, corrupt or of an unsupported kind."""
+
+    http_status = 500
+    grpc_code = "INTERNAL"
+    error_type = "model_load_error"
+
+
+class ModelNotFoundError(KilnError):
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+    error_type = "not_found_error"
+
+
+class AuthenticationError(KilnError):
+    http_status = 401
+    grpc_code = "UNAUTHENTICATED"
+    error_type = "authentication_error"
+
+
+class OverloadedError(KilnError):
+    """The queue is full; the client should retry later."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+    error_type = "overloaded_error"
+    retry_after_s = 1
+
+
+class EngineDeadError(KilnError):
+    """The engine process died; the server cannot answer until restarted."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+    error_type = "engine_dead_error"

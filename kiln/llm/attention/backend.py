@@ -1,0 +1,66 @@
+"""Attention over the paged KV pool: the interface and its torch reference.
+
+The reference runs on CPU and CUDA with plain tensor ops: decodes are
+batched into one SDPA call over gathered, padded contexts; prefill chunks go
+one at a time (they are compute-bound, so the loop costs little).
+"""
+from __future__ import annotations
+
+import abc
+
+import torch
+import torch.nn.functional as F
+
+from kiln.llm.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(abc.ABC):
+    @abc.abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D]; kv_cache: [2, slots, KVH, D].
+        Writes k, v into the pool, returns [T, H, D]."""
+
+
+class TorchPagedAttention(AttentionBackend):
+    def forward(self, q, k, v, kv_cache, meta):
+        kv_cache[0].index_copy_(0, meta.slot_mapping, k)
+        kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd:
+            out[:nd] = self._decode(q[:nd], kv_cache, meta)
+        for seq in meta.prefills:
+            rows = slice(seq.q_start, seq.q_start + seq.q_len)
+            out[rows] = self._prefill(q[rows], k[rows], v[rows], kv_cache, seq)
+        return out
+
+    @staticmethod
+    def _decode(q, kv_cache, meta):
+        keys = kv_cache[0][meta.decode_slots].transpose(1, 2)  # [B, KVH, L, D]
+        values = kv_cache[1][meta.decode_slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
+        )  # [B, H, 1, D]
+        return out.squeeze(2)
+
+    @staticmethod
+    def _prefill(q, k, v, kv_cache, seq):
+        if seq.ctx_slots is None:
+            keys, values, mask, causal = k, v, None, True
+        else:
+            keys, values = kv_cache[0][seq.ctx_slots], kv_cache[1][seq.ctx_slots]
+            offset = seq.ctx_len - seq.q_len
+            q_pos = torch.arange(seq.q_len, device=q.device).unsqueeze(1) + offset
+            mask = torch.arange(seq.ctx_len, device=q.device).unsqueeze(0) <= q_pos
+            causal = False
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=causal,
+            enable_gqa=True,
+        )  # [1, H, Q, D]
+        return out.squeeze(0).transpose(0, 1)

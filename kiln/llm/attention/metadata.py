@@ -1,0 +1,33 @@
+"""Per-step attention inputs, built once by the runner and shared by all layers.
+
+Token layout of a step's flattened batch (no padding between sequences):
+
+    [ d0 d1 ... d(B-1) | p0 p0 p0 ... | p1 p1 ... ]
+      one token per      prefill chunks, each a contiguous run
+      decode sequence
+
+`slot_mapping[t]` is the flat KV-pool slot (block_id * block_size + offset)
+where token t's key/value are written before attention reads the pool.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PrefillSeq:
+    q_start: int  # first row of this chunk in the flattened batch
+    q_len: int
+    ctx_len: int  # tokens visible to the chunk's last query (cached + chunk)
+    ctx_slots: torch.Tensor | None  # [ctx_len] pool slots; None if the chunk is the whole context
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] long
+    num_decodes: int = 0
+    decode_slots: torch.Tensor | None = None  # [B, Lmax] long, padded with 0
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax] bool, True = attend
+    prefills: list[PrefillSeq] = field(default_factory=list)

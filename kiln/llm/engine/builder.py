@@ -1,0 +1,68 @@
+"""Builds an engine core from config: weights -> model -> KV pool -> core."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from kiln.config import EngineConfig
+from kiln.errors import ConfigError
+from kiln.llm.engine.core import EngineCore
+from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
+from kiln.llm.models.default_model import default_model_path
+from kiln.llm.models.llama import LlamaModel
+from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block
+
+log = logging.getLogger(__name__)
+
+
+def resolve_model_path(config: EngineConfig) -> str:
+    return str(config.model.model or default_model_path())
+
+
+def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
+    device = torch.device(config.model.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but CUDA is not available", param="device")
+    model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
+    model.load_weights(checkpoint.weights, checkpoint.source)
+    return model.to(device=device, dtype=DTYPES[config.model.dtype]).eval()
+
+
+def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:
+    native = checkpoint.arch.max_position_embeddings
+    wanted = config.model.max_model_len or native
+    if wanted > native:
+        raise ConfigError(
+            f"max_model_len {wanted} exceeds the model's context length {native}", param="max_model_len"
+        )
+    return wanted
+
+
+def decide_num_blocks(model: LlamaModel, config: EngineConfig, max_model_len: int) -> int:
+    cache = config.cache
+    if cache.num_blocks is not None:
+        return cache.num_blocks
+    per_block = kv_bytes_per_block(model, cache.block_size, DTYPES[config.model.dtype])
+    return max(1, int(cache.kv_cache_memory_gib * 2**30) // per_block)
+
+
+def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None) -> tuple[EngineCore, Checkpoint]:
+    started = time.perf_counter()
+    checkpoint = checkpoint or load_checkpoint(resolve_model_path(config))
+    torch.manual_seed(config.model.seed)
+    max_model_len = decide_max_model_len(checkpoint, config)
+    model = build_model(checkpoint, config, max_model_len)
+    num_blocks = decide_num_blocks(model, config, max_model_len)
+    # A request may never need more blocks than exist, or it could wait forever.
+    pool_tokens = num_blocks * config.cache.block_size
+    max_model_len = min(max_model_len, pool_tokens)
+    checkpoint.weights = {}  # the model holds its own copies now
+    runner = ModelRunner(model, num_blocks, config.cache.block_size, torch.device(config.model.device), config.model.seed)
+    core = EngineCore(config, runner, num_blocks, max_model_len)
+    log.info(
+        "engine ready: %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs",
+        checkpoint.source, num_blocks, config.cache.block_size, max_model_len, time.perf_counter() - started,
+    )
+    return core, checkpoint

@@ -1,0 +1,63 @@
+"""Validates a request and turns it into an EngineCoreRequest (API side)."""
+from __future__ import annotations
+
+import time
+
+from kiln.errors import InvalidRequestError, PromptTooLongError
+from kiln.llm.engine.messages import EngineCoreRequest
+from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.tokenizer import Tokenizer
+
+Prompt = str | list[int]
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Tokenizer, max_model_len: int, vocab_size: int):
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+
+    def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if prompt == "":
+                raise InvalidRequestError("prompt must not be empty", param="prompt")
+            return prompt, self.tokenizer.encode(prompt)
+        ids = list(prompt)
+        if not ids:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token ids must be in [0, {self.vocab_size}); got {bad[:3]}", param="prompt"
+            )
+        return None, ids
+
+    def process(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0):
+        text, ids = self.tokenize(prompt)
+        self.check_length(len(ids), params.max_tokens)
+        bad_bias = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
+        if bad_bias:
+            raise InvalidRequestError(f"logit_bias token ids out of range: {bad_bias[:3]}", param="logit_bias")
+        msg = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=ids,
+            sampling_params=params,
+            eos_token_ids=tuple(self.tokenizer.eos_token_ids),
+            priority=priority,
+            arrival_time=time.monotonic(),
+        )
+        return text, msg
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        if num_prompt_tokens >= self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt has {num_prompt_tokens} tokens; this model's maximum context length is "
+                f"{self.max_model_len} tokens, so the prompt must be shorter",
+                param="prompt",
+            )
+        if num_prompt_tokens + max_tokens > self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the maximum "
+                f"context length of {self.max_model_len} tokens",
+                param="max_tokens",
+            )

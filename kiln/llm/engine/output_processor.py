@@ -1,0 +1,123 @@
+"""API-side state per request: incremental detokenization and stop strings.
+
+Stop strings are found here, in text; the request is then reported finished
+and its id returned so the caller aborts it in the engine core.
+While a request has stop strings, the last (longest stop - 1) characters are
+held back from streamed deltas, since they might begin a stop string.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.llm.detokenizer import IncrementalDetokenizer
+from kiln.llm.engine.messages import EngineCoreOutput, TokenLogprob
+from kiln.llm.outputs import CompletionOutput, RequestOutput
+from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.tokenizer import Tokenizer
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detok: IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    text: str = ""  # text after stop-string truncation
+    sent_chars: int = 0  # characters of `text` already streamed
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    num_cached_tokens: int = 0
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
+
+    def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.states[request_id] = RequestState(
+            request_id,
+            prompt,
+            prompt_token_ids,
+            params,
+            IncrementalDetokenizer(self.tokenizer),
+            logprobs=[] if params.logprobs is not None else None,
+        )
+
+    def drop(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+
+    def process(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the updates to deliver and the ids to abort in the core
+        (finished here by a stop string)."""
+        results, to_abort = [], []
+        for out in outputs:
+            state = self.states.get(out.request_id)
+            if state is None:
+                continue  # already finished here (stop string) or dropped
+            new_ids = list(out.new_token_ids)
+            state.token_ids.extend(new_ids)
+            if state.logprobs is not None and out.new_logprobs:
+                state.logprobs.extend(out.new_logprobs)
+            state.num_cached_tokens = out.num_cached_tokens
+            skip_text = out.stop_token_id is not None and out.stop_token_id in new_ids[-1:]
+            state.detok.add(new_ids[:-1] if skip_text else new_ids)
+            state.text = state.detok.text
+            if out.finish_reason is not None:
+                state.finish_reason = out.finish_reason
+                state.stop_reason = out.stop_token_id
+            elif self._check_stop_strings(state):
+                to_abort.append(out.request_id)
+            results.append(self._make_output(state, new_ids, out.new_logprobs))
+            if state.finish_reason is not None:
+                del self.states[out.request_id]
+        return results, to_abort
+
+    def _check_stop_strings(self, state: RequestState) -> bool:
+        stops = state.params.stop
+        if not stops:
+            return False
+        # Only text near the end can contain a stop string that is new.
+        window_start = max(0, state.sent_chars - max(len(s) for s in stops))
+        best = None
+        for stop in stops:
+            at = state.text.find(stop, window_start)
+            if at >= 0 and (best is None or at < best[0]):
+                best = (at, stop)
+        if best is None:
+            return False
+        at, stop = best
+        end = at + len(stop) if state.params.include_stop_str_in_output else at
+        state.text = state.text[:end]
+        state.finish_reason, state.stop_reason = "stop", stop
+        return True
+
+    def _make_output(self, state: RequestState, new_ids: list[int], new_logprobs) -> RequestOutput:
+        finished = state.finish_reason is not None
+        visible = len(state.text)
+        if not finished and state.params.stop:
+            visible = max(state.sent_chars, visible - (max(len(s) for s in state.params.stop) - 1))
+        delta = state.text[state.sent_chars : visible]
+        state.sent_chars = visible
+        completion = CompletionOutput(
+            index=0,
+            text=state.text if finished else state.text[:visible],
+            token_ids=list(state.token_ids),
+            finish_reason=state.finish_reason,
+            stop_reason=state.stop_reason,
+            logprobs=state.logprobs,
+        )
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            num_cached_tokens=state.num_cached_tokens,
+            delta_text=delta,
+            delta_token_ids=new_ids,
+            delta_logprobs=new_logprobs,
+        )

@@ -1,0 +1,70 @@
+"""Offline batch generation: `LLM(model).generate(prompts, params)`."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kiln.config import EngineConfig
+from kiln.llm.engine.input_processor import Prompt
+from kiln.llm.engine.llm_engine import LLMEngine
+from kiln.llm.outputs import RequestOutput
+from kiln.llm.sampling_params import SamplingParams
+
+
+class LLM:
+    """Loads a model (default: the installed SmolLM2 GGUF) and generates.
+
+    Options are the flat names of EngineConfig fields (dtype, device,
+    block_size, kv_cache_memory_gib, max_num_batched_tokens, ...).
+    """
+
+    def __init__(self, model: str | None = None, **options: Any):
+        self.config = EngineConfig.from_flat(model=model, **options)
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+        self._counter = 0
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        prompts = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompts))
+        ids = []
+        for prompt, p in zip(prompts, params):
+            rid = f"offline-{self._counter}"
+            self._counter += 1
+            self.engine.add_request(rid, prompt, p)
+            ids.append(rid)
+        finished: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished() or len(finished) < len(ids):
+            for out in self.engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+            if not self.engine.has_unfinished() and len(finished) < len(ids):
+                break
+        return [finished[rid] for rid in ids]
+
+    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None) -> RequestOutput:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.generate([ids], sampling_params)[0]
+
+
+def _as_prompt_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+        return [prompts]
+    return list(prompts)
+
+
+def _as_params_list(params, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(n)]
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} sampling params for {n} prompts")
+    return params

@@ -1,0 +1,140 @@
+"""Kiln's Llama-family model: RMSNorm, RoPE (Llama-3 scaling), GQA, SwiGLU.
+
+Projections are fused at load time (q|k|v and gate|up), so a layer runs two
+input matmuls instead of five. Weights arrive under Hugging Face names and
+each module knows where its pieces go (`load_weights`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.errors import ModelLoadError
+from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
+from kiln.llm.attention.metadata import AttentionMetadata
+from kiln.llm.layers.norm import RMSNorm
+from kiln.llm.layers.rotary import RotaryEmbedding
+from kiln.llm.models.arch import LlamaArch
+
+
+def _weight(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, arch: LlamaArch, rotary: RotaryEmbedding, backend: AttentionBackend):
+        super().__init__()
+        self.arch = arch
+        self.qkv_proj = _weight(arch.q_size + 2 * arch.kv_size, arch.hidden_size)
+        self.o_proj = _weight(arch.hidden_size, arch.q_size)
+        self.rotary = rotary
+        self.backend = backend
+
+    def forward(self, x, positions, kv_cache, meta: AttentionMetadata):
+        a = self.arch
+        qkv = F.linear(x, self.qkv_proj)
+        q, k, v = qkv.split([a.q_size, a.kv_size, a.kv_size], dim=-1)
+        q = q.view(-1, a.num_heads, a.head_dim)
+        k = k.view(-1, a.num_kv_heads, a.head_dim)
+        v = v.view(-1, a.num_kv_heads, a.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = self.backend.forward(q, k, v, kv_cache, meta)
+        return F.linear(out.reshape(-1, a.q_size), self.o_proj)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, arch: LlamaArch):
+        super().__init__()
+        self.inter = arch.intermediate_size
+        self.gate_up_proj = _weight(2 * arch.intermediate_size, arch.hidden_size)
+        self.down_proj = _weight(arch.hidden_size, arch.intermediate_size)
+
+    def forward(self, x):
+        gate, up = F.linear(x, self.gate_up_proj).split(self.inter, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, arch, rotary, backend):
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = LlamaAttention(arch, rotary, backend)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = LlamaMLP(arch)
+
+    def forward(self, x, positions, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, arch: LlamaArch, max_positions: int, backend: AttentionBackend | None = None):
+        super().__init__()
+        self.arch = arch
+        backend = backend or TorchPagedAttention()
+        rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
+        self.embed_tokens = _weight(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(LlamaLayer(arch, rotary, backend) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.lm_head = self.embed_tokens if arch.tie_word_embeddings else _weight(arch.vocab_size, arch.hidden_size)
+
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata):
+        """Returns final hidden states [T, hidden] (normed)."""
+        x = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, positions, kv_cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()
+
+    # ---- weights ----------------------------------------------------------
+    def load_weights(self, weights: dict[str, torch.Tensor], source: str = "") -> None:
+        """Copy HF-named tensors into the (fused) parameters; every parameter
+        must be covered, and no unexpected tensor may be left over."""
+        expected = _expected_names(self.arch)
+        missing = sorted(expected - weights.keys())
+        if missing:
+            raise ModelLoadError(f"{source}: missing weights {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        a = self.arch
+        self._copy(self.embed_tokens, weights["model.embed_tokens.weight"], "model.embed_tokens.weight", source)
+        if not a.tie_word_embeddings:
+            self._copy(self.lm_head, weights["lm_head.weight"], "lm_head.weight", source)
+        self._copy(self.norm.weight, weights["model.norm.weight"], "model.norm.weight", source)
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            attn = [weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+            self._copy(layer.self_attn.qkv_proj, torch.cat(attn), p + "self_attn.qkv", source)
+            self._copy(layer.self_attn.o_proj, weights[p + "self_attn.o_proj.weight"], p + "o_proj", source)
+            gate_up = torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
+            self._copy(layer.mlp.gate_up_proj, gate_up, p + "mlp.gate_up", source)
+            self._copy(layer.mlp.down_proj, weights[p + "mlp.down_proj.weight"], p + "mlp.down_proj", source)
+            self._copy(layer.input_layernorm.weight, weights[p + "input_layernorm.weight"], p + "input_layernorm", source)
+            self._copy(
+                layer.post_attention_layernorm.weight,
+                weights[p + "post_attention_layernorm.weight"],
+                p + "post_attention_layernorm",
+                source,
+            )
+
+    @staticmethod
+    def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str, source: str) -> None:
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ModelLoadError(
+                f"{source}: weight {name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+            )
+        param.data.copy_(tensor)
+
+
+def _expected_names(arch: LlamaArch) -> set[str]:
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not arch.tie_word_embeddings:
+        names.add("lm_head.weight")
+    per_layer = [
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm",
+    ]
+    for i in range(arch.num_layers):
+        names.update(f"model.layers.{i}.{n}.weight" for n in per_layer)
+    return names

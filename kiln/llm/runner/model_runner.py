@@ -1,0 +1,50 @@
+"""Owns the model, the KV pool tensors and the sampler; runs one step."""
+from __future__ import annotations
+
+import torch
+
+from kiln.llm.models.llama import LlamaModel
+from kiln.llm.runner.inputs import build_inputs
+from kiln.llm.sampling.sampler import Sampler
+from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
+    a = model.arch
+    return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * torch.finfo(dtype).bits // 8
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device, seed: int = 0):
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        a = model.arch
+        dtype = model.embed_tokens.dtype
+        # One pool tensor per layer: [k|v, slot, kv_head, head_dim]; slot =
+        # block_id * block_size + offset.
+        self.kv_caches = [
+            torch.zeros(2, num_blocks * block_size, a.num_kv_heads, a.head_dim, dtype=dtype, device=device)
+            for _ in range(a.num_layers)
+        ]
+        self.sampler = Sampler(device, seed)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        inputs = build_inputs(sched.chunks, self.block_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if not inputs.sample_chunks:
+            return RunnerOutput()
+        logits = self.model.compute_logits(hidden[inputs.sample_rows])
+        requests = [c.request for c in inputs.sample_chunks]
+        tokens = self.sampler(logits, requests)
+        return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens)})
+
+    @torch.inference_mode()
+    def logits_for(self, sched: SchedulerOutput) -> torch.Tensor:
+        """Test hook: run a step and return logits for every fed token."""
+        inputs = build_inputs(sched.chunks, self.block_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        return self.model.compute_logits(hidden)

@@ -1,0 +1,175 @@
+"""Iteration-level (continuous) batching under a token budget.
+
+Each step: running requests first (decodes, then unfinished prompt chunks),
+then waiting requests in arrival order, while the token budget, the
+sequence limit and the KV pool allow. Prefill and decode are the same thing
+here: a request asks for `num_tokens - num_computed_tokens` more tokens.
+When the pool runs dry the most recently admitted running request is
+preempted (its blocks freed, its tokens to be recomputed later).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from kiln.config import SchedulerConfig
+from kiln.llm.kv_cache.manager import KVCacheManager
+from kiln.llm.request import Request, RequestStatus
+from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
+from kiln.llm.scheduler.stopping import check_stop
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    num_scheduled_tokens: int
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int):
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._last_scheduled_tokens = 0
+
+    # ---- request lifecycle ------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        return request
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ----------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[str, ScheduledChunk] = {}
+        decodes = [r for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens]
+        prefills = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        for request in decodes + prefills:
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self._make_room(request, num_new, scheduled, out):
+                budget -= num_new
+                scheduled[request.request_id] = self._chunk(request, num_new)
+            budget += self._reclaimed_budget
+        if not out.preempted_ids:
+            budget = self._admit_waiting(budget, scheduled)
+        # Runner order: admission order, so a chunk never depends on a later one.
+        out.chunks = [scheduled[r.request_id] for r in self.running if r.request_id in scheduled]
+        self._last_scheduled_tokens = out.num_tokens
+        return out
+
+    def _make_room(self, request: Request, num_new: int, scheduled: dict, out: SchedulerOutput) -> bool:
+        """Preempt from the back of `running` until `request` fits. False if
+        `request` itself had to go."""
+        self._reclaimed_budget = 0
+        while not self.kv.can_allocate(request, num_new):
+            victim = self.running[-1]
+            self._preempt(victim)
+            out.preempted_ids.append(victim.request_id)
+            chunk = scheduled.pop(victim.request_id, None)
+            if chunk is not None:
+                self._reclaimed_budget += chunk.num_tokens
+            if victim is request:
+                return False
+        self.kv.allocate(request, num_new)
+        return True
+
+    def _admit_waiting(self, budget: int, scheduled: dict) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            hit = self.kv.find_prefix(request)
+            remaining = request.num_tokens - hit.num_tokens
+            num_new = min(remaining, budget)
+            if num_new < remaining and not self.config.enable_chunked_prefill:
+                break
+            if not self.kv.can_allocate(request, num_new, hit):
+                break
+            self.waiting.popleft()
+            if request.num_cached_tokens < 0:
+                self.kv.record_lookup(request, hit)
+                request.num_cached_tokens = hit.num_tokens
+            self.kv.allocate(request, num_new, hit)
+            request.num_computed_tokens = hit.num_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled[request.request_id] = self._chunk(request, num_new)
+            budget -= num_new
+        return budget
+
+    def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
+        return ScheduledChunk(request, request.num_computed_tokens, num_new, self.kv.block_ids(request.request_id))
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # ---- after the model ran ----------------------------------------------
+    def update(self, sched: SchedulerOutput, result: RunnerOutput) -> list[Request]:
+        """Advance computed counts, append sampled tokens, retire finished
+        requests (their blocks return at once). Returns requests that got a
+        token or finished in this step."""
+        touched = []
+        for chunk in sched.chunks:
+            request = chunk.request
+            if request.is_finished:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += chunk.num_tokens
+            sampled = result.sampled.get(request.request_id)
+            if sampled is None:
+                continue
+            request.output_token_ids.append(sampled.token_id)
+            reason = check_stop(request, sampled.token_id, self.max_model_len)
+            if reason is not None:
+                self._finish(request, reason)
+            touched.append(request)
+        return touched
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)
+
+    def stats(self) -> SchedulerStats:
+        pool = self.kv.pool
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_blocks_used=pool.num_blocks - pool.num_free,
+            kv_blocks_total=pool.num_blocks,
+            prefix_cache_queries=self.kv.stats.queries,
+            prefix_cache_hits=self.kv.stats.hits,
+            num_preemptions=self.num_preemptions,
+            num_scheduled_tokens=self._last_scheduled_tokens,
+        )
