@@ -74,3 +74,19 @@ class EngineDeadError(KilnError):
     http_status = 503
     grpc_code = "UNAVAILABLE"
     error_type = "engine_dead_error"
+
+
+class ModelUnavailableError(KilnError):
+    """The model exists but is not ready (loading, unloading or failed)."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+    error_type = "unavailable_error"
+
+
+class RequestTimeoutError(KilnError):
+    """A queued request waited past its timeout and was removed unexecuted."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+    error_type = "timeout_error"

@@ -58,7 +58,6 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     # A request may never need more blocks than exist, or it could wait forever.
     pool_tokens = num_blocks * config.cache.block_size
     max_model_len = min(max_model_len, pool_tokens)
-    checkpoint.weights = {}  # the model holds its own copies now
     runner = ModelRunner(model, num_blocks, config.cache.block_size, torch.device(config.model.device), config.model.seed)
     core = EngineCore(config, runner, num_blocks, max_model_len)
     log.info(

@@ -10,15 +10,17 @@ from kiln.llm.engine.builder import build_engine_core
 from kiln.llm.engine.input_processor import InputProcessor, Prompt
 from kiln.llm.engine.messages import EngineStats
 from kiln.llm.engine.output_processor import OutputProcessor
+from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
 from kiln.llm.tokenizer import load_tokenizer
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
         self.config = config
-        self.core, checkpoint = build_engine_core(config)
+        # Only arch and paths are kept: the model holds its own weight copies.
+        self.core, checkpoint = build_engine_core(config, checkpoint)
         self.arch = checkpoint.arch
         self.model_path = checkpoint.source
         self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)

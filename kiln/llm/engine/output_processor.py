@@ -65,6 +65,8 @@ class OutputProcessor:
             state.num_cached_tokens = out.num_cached_tokens
             skip_text = out.stop_token_id is not None and out.stop_token_id in new_ids[-1:]
             state.detok.add(new_ids[:-1] if skip_text else new_ids)
+            if out.finish_reason is not None:
+                state.detok.finish()  # flush bytes held back for a partial character
             state.text = state.detok.text
             if out.finish_reason is not None:
                 state.finish_reason = out.finish_reason

@@ -1,0 +1,97 @@
+"""Tokenizer: a thin wrapper over a Hugging Face fast tokenizer.
+
+Kiln code talks to this class only, so the few transformers calls (and their
+version quirks) live in one place.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from kiln.errors import InvalidRequestError, ModelLoadError
+
+
+class Tokenizer:
+    def __init__(self, hf: PreTrainedTokenizerBase, source: str, chat_template: str | None = None):
+        self.hf = hf
+        self.source = source
+        if chat_template is not None and not hf.chat_template:
+            hf.chat_template = chat_template
+        eos = hf.eos_token_id
+        self.eos_token_ids: tuple[int, ...] = () if eos is None else (int(eos),)
+        self.bos_token_id: int | None = hf.bos_token_id
+        # len() counts added tokens too; `hf.vocab_size` does not.
+        self.vocab_size: int = len(hf)
+
+    @property
+    def chat_template(self) -> str | None:
+        template = self.hf.chat_template
+        return template if isinstance(template, str) else None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        # No space clean-up: it depends on neighbouring tokens, so it would
+        # make incremental detokenization disagree with a whole decode.
+        return self.hf.decode(
+            list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text the model's chat template makes of `messages`."""
+        if self.chat_template is None:
+            raise InvalidRequestError(f"the model's tokenizer ({self.source}) has no chat template")
+        try:
+            text = self.hf.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except TemplateError as e:  # the template rejected the messages
+            raise InvalidRequestError(f"chat template error: {e}", param="messages") from e
+        return str(text)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        # The template writes any BOS itself, so no special tokens are added
+        # (this is what transformers' own tokenize=True path does).
+        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load from a HF model directory or a .gguf file (tokenizer in its metadata).
+
+    Cached per (path, modification time): building a tokenizer from GGUF
+    metadata takes seconds, and a Tokenizer is read-only once built.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"tokenizer path does not exist: {path}")
+    return _load_cached(path.resolve(), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: Path, mtime_ns: int) -> Tokenizer:
+    try:
+        if path.is_dir():
+            hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            return Tokenizer(hf, str(path))
+        if path.suffix == ".gguf":
+            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+            template = None if hf.chat_template else _gguf_chat_template(path)
+            return Tokenizer(hf, str(path), chat_template=template)
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise ModelLoadError(f"cannot load tokenizer from {path}: {e}") from e
+    raise ModelLoadError(f"cannot load tokenizer from {path}: expected a model directory or a .gguf file")
+
+
+def _gguf_chat_template(path: Path) -> str | None:
+    """Fallback for transformers versions that drop `tokenizer.chat_template`."""
+    from kiln.llm.models.gguf_loader import open_gguf
+
+    field = open_gguf(path).get_field("tokenizer.chat_template")
+    return None if field is None else str(field.contents())

@@ -1,0 +1,112 @@
+"""The offline LLM and engine APIs on a tiny random-weight Llama."""
+import math
+
+import pytest
+
+from kiln import LLM, SamplingParams
+from kiln.errors import ConfigError, InvalidRequestError, ModelLoadError, PromptTooLongError
+
+PROMPTS = ["Hello there", "The quick brown fox", "1, 2, 3,", "def f(x):"]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.02, max_model_len=256)
+
+
+def idle(llm):
+    core = llm.engine.core
+    return not core.has_unfinished() and core.kv.num_free_blocks == core.kv.pool.num_blocks
+
+
+def test_outputs_in_input_order_with_exact_lengths(llm):
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (3, 9, 1, 5)]
+    outs = llm.generate(PROMPTS, params)
+    assert [o.prompt for o in outs] == PROMPTS
+    assert [len(o.outputs[0].token_ids) for o in outs] == [3, 9, 1, 5]
+    assert all(o.outputs[0].finish_reason == "length" and o.finished for o in outs)
+    assert idle(llm)
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(llm):
+    seeded = SamplingParams(max_tokens=16, temperature=1.0, seed=42, ignore_eos=True)
+    alone = llm.generate(["Hello there"], seeded)[0].outputs[0].token_ids
+    others = SamplingParams(max_tokens=16, temperature=1.0, ignore_eos=True)
+    batch = llm.generate(PROMPTS + ["Hello there"], [others] * 4 + [seeded])
+    assert batch[-1].outputs[0].token_ids == alone
+    other_seed = SamplingParams(max_tokens=16, temperature=1.0, seed=43, ignore_eos=True)
+    assert llm.generate(["Hello there"], other_seed)[0].outputs[0].token_ids != alone
+
+
+def test_stop_string_truncates_text(llm):
+    greedy = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    full = llm.generate(["Once upon a time"], greedy)[0].outputs[0].text
+    assert len(full) > 12
+    stop = full[8:12]
+    first = full.find(stop)
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, stop=[stop])
+    out = llm.generate(["Once upon a time"], params)[0].outputs[0]
+    assert out.text == full[:first]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    params.include_stop_str_in_output = True
+    out = llm.generate(["Once upon a time"], params)[0].outputs[0]
+    assert out.text == full[: first + len(stop)]
+    assert idle(llm)
+
+
+def test_streamed_deltas_concatenate_to_the_final_text(llm):
+    engine = llm.engine
+    engine.add_request("s1", "Streaming works", SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    pieces, ids, last = [], [], None
+    while engine.has_unfinished():
+        for out in engine.step():
+            pieces.append(out.delta_text)
+            ids.extend(out.delta_token_ids)
+            last = out
+    assert last.finished and "".join(pieces) == last.outputs[0].text
+    assert ids == last.outputs[0].token_ids
+    assert llm.tokenizer.decode(ids) == last.outputs[0].text
+
+
+def test_logprobs(llm):
+    params = SamplingParams(max_tokens=4, temperature=0, logprobs=3, ignore_eos=True)
+    out = llm.generate(["Hello"], params)[0].outputs[0]
+    assert len(out.logprobs) == 4
+    for tok, lp in zip(out.token_ids, out.logprobs):
+        assert lp.token_id == tok and lp.logprob <= 0
+        assert len(lp.top) == 3 and lp.top[0][0] == tok  # greedy picks the top one
+        assert math.isclose(lp.top[0][1], lp.logprob, rel_tol=1e-6)
+
+
+def test_abort_frees_blocks_at_once(llm):
+    engine = llm.engine
+    engine.add_request("a1", "abort me " * 20, SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.step()
+    engine.step()
+    assert engine.core.kv.num_free_blocks < engine.core.kv.pool.num_blocks
+    engine.abort(["a1"])
+    assert idle(llm)
+    assert engine.step() == []
+
+
+def test_bad_requests_are_rejected_before_the_engine(llm):
+    with pytest.raises(PromptTooLongError, match="256"):
+        llm.generate(["word " * 400], SamplingParams(max_tokens=4))
+    with pytest.raises(PromptTooLongError, match="max_tokens"):
+        llm.generate(["hi"], SamplingParams(max_tokens=1000))
+    with pytest.raises(InvalidRequestError, match="empty"):
+        llm.generate([""], SamplingParams())
+    with pytest.raises(InvalidRequestError, match="token ids"):
+        llm.generate([[1, 2, 10**9]], SamplingParams())
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        SamplingParams(temperature=-1)
+    assert idle(llm)
+
+
+def test_config_and_load_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown engine option 'bogus'"):
+        LLM(str(tmp_path), bogus=1)
+    with pytest.raises(ConfigError, match="dtype"):
+        LLM(str(tmp_path), dtype="int3")
+    with pytest.raises(ModelLoadError, match=str(tmp_path)):
+        LLM(str(tmp_path))

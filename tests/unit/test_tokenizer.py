@@ -1,0 +1,97 @@
+"""kiln Tokenizer over the SmolLM2 tokenizer (from GGUF and from a HF dir)."""
+from __future__ import annotations
+
+import pytest
+
+from kiln.errors import InvalidRequestError, ModelLoadError
+from kiln.llm.tokenizer import Tokenizer, load_tokenizer
+
+MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
+EXPECTED_PROMPT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
+def test_special_ids_and_vocab(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    assert tok.vocab_size == 49152
+    assert tok.bos_token_id == 1  # <|im_start|>
+    assert tok.eos_token_ids == (2,)  # <|im_end|>
+    assert tok.hf.convert_ids_to_tokens([0, 1, 2]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def test_encode_decode_round_trip(smollm2_tokenizer):
+    text = "Hello, world! 😀 日本語 — naïve café"
+    ids = smollm2_tokenizer.encode(text)
+    assert all(isinstance(i, int) for i in ids)
+    assert smollm2_tokenizer.encode(text, add_special_tokens=True) == ids  # GGUF says add_bos_token=False
+    assert smollm2_tokenizer.decode(ids) == text
+
+
+def test_decode_skips_special_tokens(smollm2_tokenizer):
+    ids = [1] + smollm2_tokenizer.encode("hi") + [2]
+    assert smollm2_tokenizer.decode(ids) == "hi"
+    assert smollm2_tokenizer.decode(ids, skip_special_tokens=False) == "<|im_start|>hi<|im_end|>"
+
+
+def test_chat_template_from_gguf_metadata(smollm2_tokenizer):
+    assert smollm2_tokenizer.chat_template is not None
+    assert "<|im_start|>" in smollm2_tokenizer.chat_template
+    assert smollm2_tokenizer.render_chat(MESSAGES) == EXPECTED_PROMPT
+    assert smollm2_tokenizer.render_chat(MESSAGES, add_generation_prompt=False) == EXPECTED_PROMPT.removesuffix(
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_apply_chat_template_ids(smollm2_tokenizer):
+    ids = smollm2_tokenizer.apply_chat_template(MESSAGES)
+    assert ids == smollm2_tokenizer.encode(EXPECTED_PROMPT, add_special_tokens=False)
+    assert ids[0] == 1 and ids.count(2) == 2  # im_start ... two im_end
+    # Same ids as transformers' own tokenize=True path.
+    hf_ids = smollm2_tokenizer.hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    hf_ids = hf_ids["input_ids"] if not isinstance(hf_ids, list) else hf_ids
+    assert ids == list(hf_ids)
+
+
+def test_no_chat_template_is_a_request_error(smollm2_tokenizer):
+    tok = Tokenizer(smollm2_tokenizer.hf, "test")
+    original = tok.hf.chat_template
+    tok.hf.chat_template = None
+    try:
+        with pytest.raises(InvalidRequestError, match="no chat template"):
+            tok.render_chat(MESSAGES)
+    finally:
+        tok.hf.chat_template = original
+
+
+def test_template_rejection_is_a_request_error(smollm2_tokenizer):
+    tok = Tokenizer(smollm2_tokenizer.hf, "test")
+    original = tok.hf.chat_template
+    tok.hf.chat_template = "{{ raise_exception('roles must alternate') }}"
+    try:
+        with pytest.raises(InvalidRequestError, match="roles must alternate"):
+            tok.render_chat(MESSAGES)
+    finally:
+        tok.hf.chat_template = original
+
+
+def test_hf_directory_matches_gguf(tiny_llama_dir, smollm2_tokenizer):
+    tok = load_tokenizer(tiny_llama_dir)
+    text = "The quick brown fox 🦊 jumps."
+    assert tok.encode(text) == smollm2_tokenizer.encode(text)
+    assert tok.eos_token_ids == smollm2_tokenizer.eos_token_ids
+    assert tok.render_chat(MESSAGES) == EXPECTED_PROMPT
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist") as e:
+        load_tokenizer(tmp_path / "nope")
+    assert str(tmp_path / "nope") in str(e.value)
+
+
+def test_directory_without_tokenizer(tmp_path):
+    with pytest.raises(ModelLoadError) as e:
+        load_tokenizer(tmp_path)
+    assert str(tmp_path) in str(e.value)
