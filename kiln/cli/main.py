@@ -1,0 +1,190 @@
+"""The `kiln` command: serve, generate, bench serve, bench infer.
+
+Engine flags are derived from EngineConfig's dataclass fields (one flag per
+field, `--block-size` for `block_size`) and server flags from ServerSettings,
+so a new config field is a new flag with no edit here. Only flags given on
+the command line are passed on; the dataclasses own the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import types
+import typing
+from typing import Any
+
+from kiln.config import CacheConfig, ModelConfig, SchedulerConfig
+from kiln.errors import KilnError
+from kiln.frontends.settings import ServerSettings
+
+ENGINE_SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig)
+
+
+def _flag_type(hint: Any) -> type:
+    """`int | None` -> int; bool, int, float, str as they are."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> list[str]:
+    """One flag per field of `cls`; returns the field names added."""
+    hints = typing.get_type_hints(cls)
+    names = []
+    group = parser.add_argument_group(cls.__name__)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag, kind = "--" + f.name.replace("_", "-"), _flag_type(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if kind is bool:
+            group.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=f"(default: {default})"
+            )
+        else:
+            group.add_argument(
+                flag, dest=f.name, type=kind, default=None, metavar=kind.__name__.upper(), help=f"(default: {default})"
+            )
+        names.append(f.name)
+    return names
+
+
+def given(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
+    parser.add_argument(
+        "model", nargs="?", default=None, help="HF model directory or .gguf file (default: the installed SmolLM2 GGUF)"
+    )
+    names = []
+    for section in ENGINE_SECTIONS:
+        names += add_dataclass_flags(parser, section, skip=("model",))
+    return names
+
+
+# ---- serve -------------------------------------------------------------------
+
+
+def run_serve(args: argparse.Namespace, engine_names: list[str], server_names: list[str]) -> int:
+    from kiln.config import EngineConfig
+    from kiln.frontends.dataplane import DataPlane
+    from kiln.frontends.server import serve
+
+    options = given(args, server_names)
+    options.setdefault("api_key", os.environ.get("KILN_API_KEY") or None)
+    settings = ServerSettings(**options)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    dataplane = DataPlane(settings)
+    engine_options = given(args, engine_names)
+    if args.model is not None or settings.model_repository is None:
+        dataplane.add_llm(EngineConfig.from_flat(model=args.model, **engine_options))
+    if settings.model_repository is not None:
+        attach_repository(dataplane, settings.model_repository)
+    return serve(dataplane)
+
+
+def attach_repository(dataplane, repository: str) -> None:
+    """Serve a KServe v2 repository beside the OpenAI routes. Its `llm`
+    models also get OpenAI routes, on one shared engine each."""
+    from pathlib import Path
+
+    from kiln.config import EngineConfig
+    from kiln.serving.backends.llm import engine_options
+    from kiln.serving.dataplane import DataPlane as RepositoryDataPlane
+    from kiln.serving.repository.loader import list_models, read_model
+
+    for name in list_models(Path(repository)):
+        try:
+            source = read_model(Path(repository), name)
+        except KilnError:
+            continue  # reported when the repository loads; the others still serve
+        if source.config.backend == "llm" and source.versions:
+            version_dir = source.versions[max(source.versions)]
+            options = engine_options(source.config.parameters, version_dir)
+            dataplane.add_llm(EngineConfig.from_flat(**options), name=name)
+    dataplane.attach_repository(RepositoryDataPlane.for_repository(Path(repository)))
+
+
+# ---- generate ----------------------------------------------------------------
+
+
+def run_generate(args: argparse.Namespace, engine_names: list[str]) -> int:
+    from kiln.llm.llm import LLM
+    from kiln.llm.sampling_params import SamplingParams
+
+    llm = LLM(args.model, **given(args, engine_names))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.sampling_seed)
+    if args.chat:
+        out = llm.chat([{"role": "user", "content": args.prompt}], params)
+    else:
+        out = llm.generate(args.prompt, params)[0]
+    print(out.outputs[0].text)
+    return 0
+
+
+# ---- the parser --------------------------------------------------------------
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
+    from kiln.bench.cli import add_bench_serve_arguments
+    from kiln.bench.infer import add_bench_infer_arguments
+
+    parser = argparse.ArgumentParser(prog="kiln", description="Kiln inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    names: dict[str, list[str]] = {}
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    names["engine"] = add_engine_flags(serve)
+    names["server"] = add_dataclass_flags(serve, ServerSettings)
+
+    gen = sub.add_parser("generate", help="one-shot offline generation")
+    add_engine_flags(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+
+    repo = sub.add_parser("repo", help="model repository tools")
+    repo_sub = repo.add_subparsers(dest="repo_command", required=True)
+    validate = repo_sub.add_parser("validate", help="check a model repository and print what is wrong")
+    validate.add_argument("repository")
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    add_bench_serve_arguments(bench_sub.add_parser("serve", help="load-test an OpenAI-compatible server"))
+    add_bench_infer_arguments(bench_sub.add_parser("infer", help="concurrency sweep against a KServe v2 endpoint"))
+    return parser, names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, names = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return run_serve(args, names["engine"], names["server"])
+        if args.command == "generate":
+            return run_generate(args, names["engine"])
+        if args.command == "repo":
+            from kiln.serving.cli import main_validate
+
+            return main_validate([args.repository])
+        if args.bench_command == "infer":
+            from kiln.bench.infer import main_bench_infer
+
+            return main_bench_infer(args)
+        from kiln.bench.cli import run_bench_serve
+
+        return run_bench_serve(args)
+    except KilnError as e:
+        print(f"kiln: error: {e.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""HTTP frontends: the OpenAI-compatible API and operations endpoints."""

@@ -1,0 +1,90 @@
+"""Kiln errors -> HTTP responses in OpenAI's shape, in one place.
+
+    {"error": {"message": ..., "type": ..., "param": ..., "code": <status>}}
+
+The status comes from the error class (`KilnError.http_status`, kiln/errors.py);
+503s carry Retry-After. The frontend-only errors below follow the same rule.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from kiln.errors import InvalidRequestError, KilnError
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadingError(KilnError):
+    """The model is still loading; retry shortly."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+    error_type = "model_loading_error"
+    retry_after_s = 5
+
+
+class DrainingError(KilnError):
+    """The server is shutting down and takes no new requests."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+    error_type = "server_draining_error"
+    retry_after_s = 5
+
+
+def error_body(message: str, error_type: str, param: str | None, status: int) -> dict:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+
+
+def error_response(exc: KilnError) -> JSONResponse:
+    headers = {}
+    retry_after = getattr(exc, "retry_after_s", None)
+    if exc.http_status == 503 and retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return JSONResponse(error_body(exc.message, exc.error_type, exc.param, exc.http_status), exc.http_status, headers)
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list"})
+
+
+def invalid_from_pydantic(e: ValidationError) -> InvalidRequestError:
+    """The first validation problem, naming its field."""
+    err = e.errors()[0]
+    # Union members appear in the location ("prompt.str"); the field is what matters.
+    parts = [str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    loc = ".".join(parts) or None
+    if err["type"] == "extra_forbidden":
+        return InvalidRequestError(f"unknown field {loc!r}", param=loc)
+    if err["type"] == "missing":
+        return InvalidRequestError(f"missing required field {loc!r}", param=loc)
+    return InvalidRequestError(f"{loc}: {err['msg']}" if loc else err["msg"], param=loc)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(KilnError)
+    async def kiln_error(request: Request, exc: KilnError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def fastapi_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(InvalidRequestError(str(exc.errors()[0].get("msg", "invalid request"))))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code in (404, 405):
+            message = f"{message}: {request.method} {request.url.path}"
+        error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(message, error_type, None, exc.status_code), exc.status_code, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return JSONResponse(error_body("internal server error", "internal_error", None, 500), 500)

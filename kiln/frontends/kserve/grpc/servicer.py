@@ -1,0 +1,150 @@
+"""`inference.GRPCInferenceService` on grpc.aio, over the DataPlane.
+
+A KilnError aborts the call with the error's gRPC status code (from
+kiln/errors.py); on ModelStreamInfer it becomes the response's
+`error_message` and the stream goes on. A cancelled call cancels its request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from google.protobuf import json_format
+
+from kiln.errors import InvalidRequestError, KilnError
+from kiln.frontends.kserve.grpc.codec import decode_request, encode_response, param_value
+from kiln.frontends.kserve.grpc.stubs import load_stubs
+from kiln.serving.dataplane import DataPlane
+
+log = logging.getLogger("kiln.kserve.grpc")
+
+
+def _guard(method):
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except KilnError as exc:
+            await context.abort(grpc.StatusCode[exc.grpc_code], exc.message)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - never leak internals
+            log.exception("unexpected error in %s", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+    wrapper.__name__ = method.__name__
+    return wrapper
+
+
+def make_servicer(dataplane: DataPlane):
+    pb2, pb2_grpc = load_stubs()
+
+    class Servicer(pb2_grpc.GRPCInferenceServiceServicer):
+        @_guard
+        async def ServerLive(self, request, context):
+            return pb2.ServerLiveResponse(live=dataplane.live())
+
+        @_guard
+        async def ServerReady(self, request, context):
+            return pb2.ServerReadyResponse(ready=dataplane.ready())
+
+        @_guard
+        async def ModelReady(self, request, context):
+            return pb2.ModelReadyResponse(ready=dataplane.model_ready(request.name, request.version))
+
+        @_guard
+        async def ServerMetadata(self, request, context):
+            return pb2.ServerMetadataResponse(**dataplane.server_metadata())
+
+        @_guard
+        async def ModelMetadata(self, request, context):
+            doc = dataplane.model_metadata(request.name, request.version)
+            return json_format.ParseDict(doc, pb2.ModelMetadataResponse())
+
+        @_guard
+        async def ModelInfer(self, request, context):
+            return await self._infer(request)
+
+        async def _infer(self, request):
+            response = await dataplane.infer(decode_request(request, dataplane.limits))
+            return encode_response(pb2, response)
+
+        async def ModelStreamInfer(self, request_iterator, context):
+            results: asyncio.Queue = asyncio.Queue()
+            pending: set[asyncio.Task] = set()
+
+            async def one(request):
+                try:
+                    await results.put(pb2.ModelStreamInferResponse(infer_response=await self._infer(request)))
+                except KilnError as exc:
+                    await results.put(pb2.ModelStreamInferResponse(error_message=exc.message))
+
+            async def reader():
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(one(request))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                await asyncio.gather(*list(pending))
+                await results.put(None)
+
+            read = asyncio.ensure_future(reader())
+            try:
+                while (item := await results.get()) is not None:
+                    yield item
+            finally:
+                read.cancel()
+                for task in list(pending):
+                    task.cancel()
+
+        @_guard
+        async def ModelConfig(self, request, context):
+            doc = dataplane.model_config(request.name, request.version)
+            config = json_format.ParseDict(doc, pb2.ModelConfig(), ignore_unknown_fields=True)
+            return pb2.ModelConfigResponse(config=config)
+
+        @_guard
+        async def ModelStatistics(self, request, context):
+            doc = dataplane.model_statistics(request.name, request.version)
+            return json_format.ParseDict(doc, pb2.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+        @_guard
+        async def RepositoryIndex(self, request, context):
+            rows = dataplane.repository_index(request.ready)
+            return pb2.RepositoryIndexResponse(models=[pb2.RepositoryIndexResponse.ModelIndex(**r) for r in rows])
+
+        @_guard
+        async def RepositoryModelLoad(self, request, context):
+            await dataplane.load_model(request.model_name, _repo_params(request))
+            return pb2.RepositoryModelLoadResponse()
+
+        @_guard
+        async def RepositoryModelUnload(self, request, context):
+            await dataplane.unload_model(request.model_name, _repo_params(request))
+            return pb2.RepositoryModelUnloadResponse()
+
+    return Servicer()
+
+
+def _repo_params(request) -> dict:
+    params = {k: param_value(v) for k, v in request.parameters.items()}
+    if any(isinstance(v, bytes) for k, v in params.items() if not k.startswith("file:")):
+        raise InvalidRequestError("repository parameters must not be bytes")
+    return params
+
+
+async def start_grpc_server(dataplane: DataPlane, host: str = "127.0.0.1", port: int = 8001) -> grpc.aio.Server:
+    """Start the KServe v2 gRPC server on the running loop and return it.
+    The caller stops it with `await server.stop(grace)`."""
+    _, pb2_grpc = load_stubs()
+    size = dataplane.limits.max_body_bytes
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", size),
+        ("grpc.max_send_message_length", size),
+    ])
+    pb2_grpc.add_GRPCInferenceServiceServicer_to_server(make_servicer(dataplane), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the gRPC server to {host}:{port}")
+    server.bound_port = bound
+    await server.start()
+    return server

@@ -1,0 +1,216 @@
+"""KServe v2 REST routes on a FastAPI app (`add_kserve_routes`).
+
+Every handler reads its body under the size limit, calls the DataPlane and
+turns a KilnError into `{"error": message}` with the error's own HTTP status
+(kiln/errors.py holds the mapping). A client that disconnects while its
+request is queued or running cancels it.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import zlib
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+
+from kiln.errors import InvalidRequestError, KilnError
+from kiln.serving.codecs.kserve_http import decode_json, encode_infer_response, parse_infer_request
+from kiln.serving.codecs.limits import Limits
+from kiln.serving.dataplane import DataPlane, encode_json
+
+log = logging.getLogger("kiln.kserve.http")
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(encode_json(value), status_code=status, media_type="application/json")
+
+
+def error_response(exc: KilnError) -> Response:
+    return _json({"error": exc.message}, exc.http_status)
+
+
+def _guard(handler):
+    """Map KilnError (and anything unexpected) to the KServe error body."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await handler(*args, **kwargs)
+        except KilnError as exc:
+            return error_response(exc)
+        except Exception as exc:  # noqa: BLE001 - never leak a traceback to the client
+            log.exception("unexpected error in %s", handler.__name__)
+            return _json({"error": f"internal error: {type(exc).__name__}"}, 500)
+
+    return wrapper
+
+
+async def read_body(request: Request, limits: Limits) -> bytes:
+    """The request body, decompressed, refusing anything over the limit."""
+    limit = limits.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidRequestError(f"invalid Content-Length header {declared!r}")
+        if int(declared) > limit:
+            raise InvalidRequestError(_too_big(int(declared), limit))
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise InvalidRequestError(_too_big(total, limit))
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").lower()
+    if encoding in ("gzip", "deflate"):
+        body = _decompress(body, encoding, limit)
+    elif encoding != "identity":
+        raise InvalidRequestError(f"unsupported Content-Encoding {encoding!r}")
+    return body
+
+
+def _too_big(size: int, limit: int) -> str:
+    return f"request body size of {size} bytes exceeds the maximum allowed input size of {limit} bytes"
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidRequestError(f"could not decompress the {encoding} body: {exc}") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise InvalidRequestError(_too_big(len(out), limit) + " (after decompression)")
+    return out
+
+
+async def _json_body(request: Request, limits: Limits) -> dict:
+    body = await read_body(request, limits)
+    if not body.strip():
+        return {}
+    doc = decode_json(body, limits)
+    if not isinstance(doc, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    return doc
+
+
+async def _until_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _cancel_on_disconnect(request: Request, work):
+    """Run `work`; cancel it if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise asyncio.CancelledError
+    return task.result()
+
+
+def _version(version: str | None) -> str:
+    return version or ""
+
+
+def add_kserve_routes(app: FastAPI, dataplane: DataPlane) -> None:
+    """Mount the KServe v2 REST API (and its extensions) on `app`."""
+    router = APIRouter()
+    limits = dataplane.limits
+
+    @router.get("/v2")
+    @_guard
+    async def server_metadata():
+        return _json(dataplane.server_metadata())
+
+    @router.get("/v2/health/live")
+    async def live():
+        return Response(status_code=200 if dataplane.live() else 503)
+
+    @router.get("/v2/health/ready")
+    async def ready():
+        return Response(status_code=200 if dataplane.ready() else 503)
+
+    @router.get("/v2/models/stats")
+    @_guard
+    async def all_stats():
+        return _json(dataplane.model_statistics())
+
+    @router.get("/v2/models/{name}")
+    @router.get("/v2/models/{name}/versions/{version}")
+    @_guard
+    async def model_metadata(name: str, version: str | None = None):
+        return _json(dataplane.model_metadata(name, _version(version)))
+
+    @router.get("/v2/models/{name}/ready")
+    @router.get("/v2/models/{name}/versions/{version}/ready")
+    @_guard
+    async def model_ready(name: str, version: str | None = None):
+        return Response(status_code=200 if dataplane.model_ready(name, _version(version)) else 503)
+
+    @router.get("/v2/models/{name}/config")
+    @router.get("/v2/models/{name}/versions/{version}/config")
+    @_guard
+    async def model_config(name: str, version: str | None = None):
+        return _json(dataplane.model_config(name, _version(version)))
+
+    @router.get("/v2/models/{name}/stats")
+    @router.get("/v2/models/{name}/versions/{version}/stats")
+    @_guard
+    async def model_stats(name: str, version: str | None = None):
+        return _json(dataplane.model_statistics(name, _version(version)))
+
+    @router.post("/v2/models/{name}/infer")
+    @router.post("/v2/models/{name}/versions/{version}/infer")
+    @_guard
+    async def infer(request: Request, name: str, version: str | None = None):
+        body = await read_body(request, limits)
+        header = request.headers.get(HEADER_LENGTH)
+        if header is not None and not header.isdigit():
+            raise InvalidRequestError(f"invalid {HEADER_LENGTH} header {header!r}")
+        infer_request = parse_infer_request(body, int(header) if header else None, name, _version(version), limits)
+        response = await _cancel_on_disconnect(request, dataplane.infer(infer_request))
+        payload, header_length = encode_infer_response(response, infer_request)
+        if header_length is None:
+            return Response(payload, media_type="application/json")
+        return Response(payload, media_type="application/octet-stream",
+                        headers={HEADER_LENGTH: str(header_length)})
+
+    @router.post("/v2/repository/index")
+    @_guard
+    async def repository_index(request: Request):
+        doc = await _json_body(request, limits)
+        return _json(dataplane.repository_index(bool(doc.get("ready", False))))
+
+    @router.post("/v2/repository/models/{name}/load")
+    @_guard
+    async def load(request: Request, name: str):
+        doc = await _json_body(request, limits)
+        await dataplane.load_model(name, _parameters(doc))
+        return Response(status_code=200)
+
+    @router.post("/v2/repository/models/{name}/unload")
+    @_guard
+    async def unload(request: Request, name: str):
+        doc = await _json_body(request, limits)
+        await dataplane.unload_model(name, _parameters(doc))
+        return Response(status_code=200)
+
+    app.include_router(router)
+
+
+def _parameters(doc: dict) -> dict:
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidRequestError("'parameters' must be an object")
+    return params

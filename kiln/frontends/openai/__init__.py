@@ -1,0 +1,2 @@
+"""The OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/models,
+/tokenize, /detokenize."""

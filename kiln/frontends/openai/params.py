@@ -1,0 +1,59 @@
+"""OpenAI request fields -> SamplingParams (which checks the ranges)."""
+
+from __future__ import annotations
+
+from kiln.errors import InvalidRequestError
+from kiln.frontends.openai.protocol import SamplingFields
+from kiln.llm.sampling_params import SamplingParams
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, limit: int | None) -> int:
+    """The output budget: as asked (within the server limit), else all the context left."""
+    if requested is None:
+        room = max(1, max_model_len - prompt_len)  # <1 left: the length check names the prompt
+        return min(room, limit) if limit else room
+    if limit is not None and requested > limit:
+        raise InvalidRequestError(
+            f"max_tokens ({requested}) exceeds this server's limit of {limit} (max_tokens_limit)", param="max_tokens"
+        )
+    return requested
+
+
+def check_n(n: int, max_n: int) -> None:
+    if n < 1:
+        raise InvalidRequestError(f"n must be at least 1, got {n}", param="n")
+    if n > max_n:
+        raise InvalidRequestError(f"n ({n}) exceeds this server's limit of {max_n} (max_n)", param="n")
+
+
+def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    out = {}
+    for key, value in (bias or {}).items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+    return out
+
+
+def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
+    """Choice `i` of a seeded request uses seed + i, so n > 1 gives n different
+    samples and the same request gives the same n samples again."""
+    return SamplingParams(
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        seed=None if req.seed is None else req.seed + choice,
+        stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
+        stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        logit_bias=parse_logit_bias(req.logit_bias),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+    )

@@ -1,0 +1,42 @@
+"""Routes of the OpenAI-compatible API; the work is in the serving_* modules."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from kiln.frontends.dataplane import DataPlane
+from kiln.frontends.openai import serving_tokens
+from kiln.frontends.openai.serving_chat import ChatServing
+from kiln.frontends.openai.serving_completions import CompletionServing
+
+
+def openai_router(dataplane: DataPlane) -> APIRouter:
+    router = APIRouter()
+    completions = CompletionServing(dataplane)
+    chat = ChatServing(dataplane)
+    started = int(time.time())
+
+    @router.post("/v1/completions")
+    async def create_completion(request: Request) -> Response:
+        return await completions.create(request)
+
+    @router.post("/v1/chat/completions")
+    async def create_chat_completion(request: Request) -> Response:
+        return await chat.create(request)
+
+    @router.get("/v1/models")
+    async def models() -> dict:
+        return serving_tokens.list_models(dataplane, started)
+
+    @router.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        return await serving_tokens.tokenize(dataplane, request)
+
+    @router.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        return await serving_tokens.detokenize(dataplane, request)
+
+    return router

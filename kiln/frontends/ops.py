@@ -1,0 +1,31 @@
+"""Operations endpoints: /health, /metrics, /version (open even with an API key)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import kiln
+from kiln.frontends.dataplane import DataPlane
+
+
+def ops_router(dataplane: DataPlane) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> JSONResponse:
+        """200 when every model is ready; 503 while loading, draining, or with a dead engine."""
+        ok, states = dataplane.health()
+        status = "ok" if ok else ("draining" if dataplane.draining else "unavailable")
+        return JSONResponse({"status": status, "models": states}, status_code=200 if ok else 503)
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(dataplane.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/version")
+    async def version() -> dict:
+        return {"version": kiln.__version__}
+
+    return router

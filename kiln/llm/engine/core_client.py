@@ -1,0 +1,224 @@
+"""API-side handles on an engine core: in its own process, or in a thread.
+
+Both clients have one interface:
+    info = client.start(on_result, on_dead)   # blocks until the engine is ready
+    client.add_request(msg); client.abort(ids); client.shutdown()
+`on_result(StepResult)` and `on_dead(message)` are called from a background
+thread; the caller hops to its own event loop. `on_dead` is called at most
+once, and never after `shutdown()` began.
+`add_request` / `abort` never block on the engine: they go through a queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+from kiln.config import EngineConfig
+from kiln.errors import EngineDeadError, KilnError
+from kiln.llm.engine.core_proc import (
+    Abort,
+    AddRequest,
+    EngineLoop,
+    Failed,
+    FromEngine,
+    Ready,
+    Shutdown,
+    StepResult,
+    ToEngine,
+    encoder,
+    from_engine_decoder,
+    ready_message,
+)
+from kiln.llm.engine.messages import EngineCoreRequest
+
+log = logging.getLogger(__name__)
+
+OnResult = Callable[[StepResult], None]
+OnDead = Callable[[str], None]
+
+
+class EngineCoreClient:
+    """Shared plumbing: an outgoing queue and the dead/closing flags."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.info: Ready | None = None
+        self.closing = False
+        self._outgoing: queue.Queue[ToEngine | None] = queue.Queue()
+        self._on_dead: OnDead = lambda message: None
+        self._dead_lock = threading.Lock()
+        self._dead_reported = False
+
+    def add_request(self, msg: EngineCoreRequest) -> None:
+        self._outgoing.put(AddRequest(msg))
+
+    def abort(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self._outgoing.put(Abort(list(request_ids)))
+
+    def _report_dead(self, message: str) -> None:
+        with self._dead_lock:
+            if self._dead_reported or self.closing:
+                return
+            self._dead_reported = True
+        log.error("engine core died: %s", message)
+        self._on_dead(message)
+
+    @property
+    def engine_pid(self) -> int | None:
+        return None
+
+
+class ProcessEngineClient(EngineCoreClient):
+    """Runs `python -m kiln.llm.engine.core_proc` and talks to it over pipes."""
+
+    def __init__(self, config: EngineConfig, shutdown_timeout_s: float = 10.0):
+        super().__init__(config)
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self._to_engine: Connection | None = None
+        self._from_engine: Connection | None = None
+
+    @property
+    def engine_pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self, on_result: OnResult, on_dead: OnDead) -> Ready:
+        self._on_dead = on_dead
+        self._spawn()
+        first = self._receive()
+        if not isinstance(first, Ready):
+            message = first.message if isinstance(first, Failed) else "engine sent no ready message"
+            self._kill()
+            raise EngineDeadError(f"engine failed to start: {message}")
+        self.info = first
+        threading.Thread(target=self._read_loop, args=(on_result,), name="kiln-engine-reader", daemon=True).start()
+        threading.Thread(target=self._write_loop, name="kiln-engine-writer", daemon=True).start()
+        return first
+
+    def _spawn(self) -> None:
+        inbox_r, inbox_w = os.pipe()
+        outbox_r, outbox_w = os.pipe()
+        cmd = [
+            sys.executable,
+            "-m",
+            "kiln.llm.engine.core_proc",
+            "--inbox-fd",
+            str(inbox_r),
+            "--outbox-fd",
+            str(outbox_w),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
+        try:
+            self.proc = subprocess.Popen(cmd, pass_fds=(inbox_r, outbox_w), close_fds=True)
+        finally:
+            os.close(inbox_r)  # the child's ends: close ours, so EOF means the child is gone
+            os.close(outbox_w)
+        self._to_engine = Connection(inbox_w, readable=False, writable=True)
+        self._from_engine = Connection(outbox_r, readable=True, writable=False)
+        self._to_engine.send_bytes(encoder.encode(self.config))
+
+    def _receive(self) -> FromEngine | Failed:
+        try:
+            return from_engine_decoder.decode(self._from_engine.recv_bytes())
+        except (EOFError, OSError):
+            return Failed(f"engine process exited (code {self._exit_code()})")
+
+    def _exit_code(self) -> int | None:
+        try:
+            return self.proc.wait(timeout=5) if self.proc else None
+        except subprocess.TimeoutExpired:  # closed its pipe yet lives on: finish it
+            self._kill()
+            return self.proc.returncode
+
+    def _read_loop(self, on_result: OnResult) -> None:
+        while True:
+            msg = self._receive()
+            if isinstance(msg, StepResult):
+                on_result(msg)
+            elif isinstance(msg, Failed):
+                self._report_dead(msg.message)
+                return
+
+    def _write_loop(self) -> None:
+        while True:
+            msg = self._outgoing.get()
+            if msg is None:
+                return
+            try:
+                self._to_engine.send_bytes(encoder.encode(msg))
+            except OSError as e:
+                self._report_dead(f"cannot reach the engine process: {e}")
+                return
+
+    def shutdown(self) -> None:
+        self.closing = True
+        if self.proc is None:
+            return
+        self._outgoing.put(Shutdown())
+        self._outgoing.put(None)
+        try:
+            self.proc.wait(timeout=self.shutdown_timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("engine process did not exit in %.0fs; killing it", self.shutdown_timeout_s)
+            self._kill()
+
+    def _kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ThreadEngineClient(EngineCoreClient):
+    """The same loop in a thread of this process (tests, offline use).
+
+    The core is touched only by its thread; requests reach it through the queue.
+    """
+
+    def __init__(self, config: EngineConfig):
+        super().__init__(config)
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_result: OnResult, on_dead: OnDead) -> Ready:
+        from kiln.llm.engine.builder import build_engine_core
+
+        self._on_dead = on_dead
+        core, checkpoint = build_engine_core(self.config)
+        self.info = ready_message(core, checkpoint)
+        loop = EngineLoop(core, self._inbox, on_result, lambda: not self.closing)
+        self._thread = threading.Thread(target=self._run, args=(loop,), name="kiln-engine-core", daemon=True)
+        self._thread.start()
+        return self.info
+
+    def _inbox(self, timeout: float) -> list[ToEngine]:
+        messages = []
+        try:
+            messages.append(self._outgoing.get(timeout=timeout) if timeout > 0 else self._outgoing.get_nowait())
+            while True:
+                messages.append(self._outgoing.get_nowait())
+        except queue.Empty:
+            pass
+        return messages
+
+    def _run(self, loop: EngineLoop) -> None:
+        try:
+            loop.run()
+        except KilnError as e:
+            self._report_dead(e.message)
+        except Exception as e:
+            log.exception("engine core thread failed")
+            self._report_dead(f"{type(e).__name__}: {e}")
+
+    def shutdown(self) -> None:
+        self.closing = True
+        self._outgoing.put(Shutdown())
+        if self._thread is not None:
+            self._thread.join(timeout=30)

@@ -1,0 +1,1 @@
+"""Prometheus metrics: engine and request metrics, process and device gauges."""

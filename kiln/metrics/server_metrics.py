@@ -1,0 +1,147 @@
+"""Request and engine metrics of one served LLM, on a dedicated registry.
+
+Names follow vLLM's with a `kiln:` prefix, so dashboards port over. Every
+metric carries `model_name`. Engine counters (prefix-cache queries and hits,
+preemptions) arrive as running totals in EngineStats; they are turned into
+counter increments here, so the Prometheus counters stay monotonic.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kiln.llm.engine.async_llm import RequestTimes
+from kiln.llm.engine.core_proc import StepResult
+from kiln.llm.engine.messages import EngineStats
+
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+SUCCESS_REASONS = ("stop", "length")
+
+
+class ServerMetrics:
+    """Implements async_llm.EngineObserver."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str):
+        self.registry = registry
+        self.model_name = model_name
+        self._last: EngineStats | None = None
+        self._define_gauges_and_counters()
+        self._define_histograms()
+
+    def _define_gauges_and_counters(self) -> None:
+        labels = ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=self.registry).labels(self.model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=self.registry).labels(self.model_name)
+
+        self.running = gauge("kiln:num_requests_running", "Requests in the engine's running batch.")
+        self.waiting = gauge("kiln:num_requests_waiting", "Requests waiting in the engine's queue.")
+        self.kv_usage = gauge("kiln:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
+        self.prefix_queries = counter("kiln:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("kiln:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.preemptions = counter("kiln:num_preemptions", "Requests preempted by the scheduler.")
+        self.prompt_tokens = counter("kiln:prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("kiln:generation_tokens", "Tokens generated.")
+        self.success = Counter(
+            "kiln:request_success",
+            "Requests finished, by reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        self.failure = Counter(
+            "kiln:request_failure",
+            "Requests that did not finish, by reason.",
+            ["model_name", "reason"],
+            registry=self.registry,
+        )
+        for reason in SUCCESS_REASONS:
+            self.success.labels(self.model_name, reason)
+        for reason in ("abort", "engine_dead", "rejected"):
+            self.failure.labels(self.model_name, reason)
+
+    def _define_histograms(self) -> None:
+        def hist(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry).labels(self.model_name)
+
+        self.ttft = hist("kiln:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.tpot = hist(
+            "kiln:time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            TOKEN_BUCKETS,
+        )
+        self.itl = hist("kiln:inter_token_latency_seconds", "Time between consecutive token deliveries.", TOKEN_BUCKETS)
+        self.e2e = hist("kiln:e2e_request_latency_seconds", "Request latency, arrival to last token.", E2E_BUCKETS)
+        self.queue_time = hist(
+            "kiln:request_queue_time_seconds", "Time from arrival to first scheduling.", TTFT_BUCKETS
+        )
+        self.batch_size = hist("kiln:batch_size", "Sequences per engine step.", BATCH_BUCKETS)
+        self.step_duration = hist("kiln:step_duration_seconds", "Duration of one engine step.", STEP_BUCKETS)
+
+    # ---- EngineObserver ------------------------------------------------------
+    def on_step(self, result: StepResult) -> None:
+        for seconds in result.queue_times.values():
+            self.queue_time.observe(seconds)
+        stats = result.outputs.stats
+        if stats is None:
+            return
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
+        last = self._last or EngineStats()
+        self.prefix_queries.inc(max(0, stats.prefix_cache_queries - last.prefix_cache_queries))
+        self.prefix_hits.inc(max(0, stats.prefix_cache_hits - last.prefix_cache_hits))
+        self.preemptions.inc(max(0, stats.num_preemptions - last.num_preemptions))
+        self._last = stats
+        if stats.num_scheduled_seqs > 0:
+            self.batch_size.observe(stats.num_scheduled_seqs)
+            self.step_duration.observe(stats.step_seconds)
+
+    def on_tokens(self, times: RequestTimes, num_new: int, now: float) -> None:
+        if times.first_token is None:
+            self.ttft.observe(now - times.arrival)
+            self.prompt_tokens.inc(times.num_prompt_tokens)
+        elif times.last_token is not None:
+            self.itl.observe(now - times.last_token)
+        self.generation_tokens.inc(num_new)
+
+    def on_finished(self, times: RequestTimes, finish_reason: str) -> None:
+        self.success.labels(self.model_name, finish_reason).inc()
+        end = times.last_token or times.arrival
+        self.e2e.observe(end - times.arrival)
+        if times.first_token is not None and times.num_generated > 1:
+            self.tpot.observe((end - times.first_token) / (times.num_generated - 1))
+
+    def on_failed(self, times: RequestTimes, reason: str) -> None:
+        self.failure.labels(self.model_name, reason).inc()
+
+    def on_rejected(self) -> None:
+        """A request refused before reaching the engine (overload)."""
+        self.failure.labels(self.model_name, "rejected").inc()

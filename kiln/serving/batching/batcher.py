@@ -1,0 +1,230 @@
+"""DynamicBatcher: one queue per model version, one worker per instance.
+
+A worker takes the oldest request, then keeps taking requests that can join
+it (same shapes, or same ranks when padding) until the batch has
+max_batch_size rows, hits a preferred size, or the oldest request has waited
+max_queue_delay_ms. The batch runs on the instance's own thread.
+
+Invariants:
+- every submitted request gets exactly one outcome: a result, its own error,
+  a timeout (only while still queued), or cancellation by its caller;
+- a request is in `_queue` iff it was submitted and not yet taken/expired;
+- the queue never holds more than max_queue_size requests (when > 0).
+Models without dynamic batching use the same path with batches of one.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.errors import KilnError, ModelUnavailableError, OverloadedError, RequestTimeoutError
+from kiln.serving.batching.concat import same_layout, same_shapes
+from kiln.serving.metrics import ServingMetrics
+from kiln.serving.model import Model
+from kiln.serving.repository.config import ModelConfig
+from kiln.serving.stats import ModelStats
+from kiln.serving.types import InferRequest, InferResponse
+
+
+@dataclass(eq=False)
+class _Item:
+    request: InferRequest
+    rows: int
+    future: asyncio.Future
+    enqueued_ns: int = field(default_factory=time.perf_counter_ns)
+    timer: asyncio.TimerHandle | None = None
+    taken: bool = False
+
+
+class DynamicBatcher:
+    def __init__(self, config: ModelConfig, version: str, instances: list[Model], stats: ModelStats,
+                 metrics: ServingMetrics):
+        self.config = config
+        self.version = version
+        self.instances = instances
+        self.stats = stats
+        self.metrics = metrics
+        batching = config.dynamic_batching
+        self.batching = batching is not None and config.max_batch_size > 0
+        self.max_rows = config.max_batch_size if self.batching else 0
+        self.delay_s = batching.max_queue_delay_ms / 1000 if batching else 0.0
+        self.preferred = set(batching.preferred_batch_sizes) if batching else set()
+        self.pad = bool(batching and batching.variable_shapes == "pad")
+        policy = batching or config.queue
+        self.max_queue = policy.max_queue_size
+        self.default_timeout_s = policy.default_timeout_ms / 1000
+        self._queue: deque[_Item] = deque()
+        self._cond: asyncio.Condition | None = None
+        self._workers: list[asyncio.Task] = []
+        self._executors = [ThreadPoolExecutor(1, thread_name_prefix=f"kiln-{config.name}") for _ in instances]
+        self._closed = False
+
+    # ------------------------------------------------------------ submit
+
+    def queue_size(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, request: InferRequest) -> dict[str, np.ndarray]:
+        """Queue one validated request and wait for its outputs."""
+        if self._closed:
+            raise ModelUnavailableError(f"model '{self.config.name}' is unloading")
+        self._start()
+        if self.max_queue and len(self._queue) >= self.max_queue:
+            raise OverloadedError(f"Exceeds maximum queue size ({self.max_queue}) of model '{self.config.name}'")
+        loop = asyncio.get_running_loop()
+        item = _Item(request, request.batch_size() if self.config.max_batch_size else 1, loop.create_future())
+        timeout = self._timeout_s(request)
+        if timeout > 0:
+            item.timer = loop.call_later(timeout, self._expire, item)
+        self._queue.append(item)
+        async with self._cond:
+            self._cond.notify()
+        try:
+            return await item.future
+        except asyncio.CancelledError:
+            self._drop(item)
+            raise
+
+    def _timeout_s(self, request: InferRequest) -> float:
+        value = request.parameters.get("timeout")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return value / 1e6  # KServe schedule_policy: microseconds
+        return self.default_timeout_s
+
+    def _expire(self, item: _Item) -> None:
+        if not item.taken and not item.future.done():
+            self._drop(item)
+            item.future.set_exception(RequestTimeoutError("Request timeout expired"))
+
+    def _drop(self, item: _Item) -> None:
+        if item.timer:
+            item.timer.cancel()
+        if not item.taken:
+            item.taken = True
+            try:
+                self._queue.remove(item)
+            except ValueError:
+                pass
+
+    # ------------------------------------------------------------ workers
+
+    def _start(self) -> None:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+            self._workers = [
+                asyncio.get_running_loop().create_task(self._worker(m, ex))
+                for m, ex in zip(self.instances, self._executors)
+            ]
+
+    async def _worker(self, instance: Model, executor: ThreadPoolExecutor) -> None:
+        while True:
+            batch = await self._next_batch()
+            if batch is None:
+                return
+            await self._run(instance, executor, batch)
+
+    async def _next_batch(self) -> list[_Item] | None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._queue or self._closed)
+            if not self._queue:
+                return None
+            batch = [self._take(self._queue[0])]
+            if not self.batching:
+                return batch
+            deadline = batch[0].enqueued_ns / 1e9 + self.delay_s
+            rows = batch[0].rows
+            while True:
+                rows = self._take_joining(batch, rows)
+                if rows >= self.max_rows or rows in self.preferred:
+                    return batch
+                remaining = deadline - time.perf_counter_ns() / 1e9
+                if remaining <= 0 or self._closed:
+                    return batch
+                try:
+                    await asyncio.wait_for(self._cond.wait(), remaining)
+                except TimeoutError:
+                    pass
+
+    def _take(self, item: _Item) -> _Item:
+        self._queue.remove(item)
+        item.taken = True
+        if item.timer:
+            item.timer.cancel()
+        return item
+
+    def _take_joining(self, batch: list[_Item], rows: int) -> int:
+        """Move queued requests that fit the batch into it; return its rows."""
+        joins = same_layout if self.pad else same_shapes
+        first = batch[0].request
+        for item in list(self._queue):
+            if rows + item.rows <= self.max_rows and joins(first, item.request):
+                batch.append(self._take(item))
+                rows += item.rows
+        return rows
+
+    async def _run(self, instance: Model, executor: ThreadPoolExecutor, batch: list[_Item]) -> None:
+        start = time.perf_counter_ns()
+        batch = [i for i in batch if not i.future.done()]  # callers that gave up
+        if not batch:
+            return
+        for item in batch:
+            self.stats.queue.add(start - item.enqueued_ns)
+            self.metrics.queue_us.labels(self.config.name, self.version).inc((start - item.enqueued_ns) / 1000)
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(executor, instance.execute, [i.request for i in batch])
+        except Exception as exc:  # noqa: BLE001 - the whole call failed
+            results = [exc] * len(batch)
+        self._record(instance, batch, time.perf_counter_ns() - start)
+        for item, result in zip(batch, results):
+            if not item.future.done():
+                self._settle(item, result)
+
+    def _record(self, instance: Model, batch: list[_Item], total_ns: int) -> None:
+        timings = instance.timings
+        if timings is None:
+            input_ns, infer_ns, output_ns = 0, total_ns, 0
+        else:
+            input_ns, infer_ns = timings.compute_input_ns, timings.compute_infer_ns
+            output_ns = timings.compute_output_ns
+        rows = sum(i.rows for i in batch)
+        self.stats.record_execution(rows, len(batch), input_ns, infer_ns, output_ns)
+        self.metrics.execution(self.config.name, self.version, rows, input_ns, infer_ns, output_ns)
+
+    def _settle(self, item: _Item, result) -> None:
+        if isinstance(result, BaseException):
+            item.future.set_exception(_as_kiln_error(self.config.name, result))
+            return
+        outputs = result.outputs if isinstance(result, InferResponse) else result
+        if not isinstance(outputs, dict):
+            item.future.set_exception(KilnError(f"model '{self.config.name}' returned {type(result).__name__}"))
+            return
+        item.future.set_result({k: np.asarray(v) for k, v in outputs.items()})
+
+    # ------------------------------------------------------------ stop
+
+    async def stop(self) -> None:
+        """Stop the workers; anything still queued fails as unavailable."""
+        self._closed = True
+        while self._queue:
+            item = self._queue.popleft()
+            item.taken = True
+            if not item.future.done():
+                item.future.set_exception(ModelUnavailableError(f"model '{self.config.name}' was unloaded"))
+        if self._cond is not None:
+            async with self._cond:
+                self._cond.notify_all()
+            await asyncio.gather(*self._workers, return_exceptions=True)
+        for executor in self._executors:
+            executor.shutdown(wait=True)
+
+
+def _as_kiln_error(model: str, exc: BaseException) -> KilnError:
+    if isinstance(exc, KilnError):
+        return exc
+    return KilnError(f"model '{model}' failed: {type(exc).__name__}: {exc}")

@@ -1,0 +1,56 @@
+"""Prometheus metrics of general model serving, on a registry passed in.
+
+Names follow Triton's (`nv_inference_*`) with a `kiln_` prefix; labels are
+`model` and `version`. The lead merges `ServingMetrics.registry` into the
+server's /metrics (or passes the shared registry in).
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_LABELS = ("model", "version")
+
+
+class ServingMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.success = Counter("kiln_inference_request_success", "Successful inference requests", _LABELS, registry=r)
+        self.failure = Counter(
+            "kiln_inference_request_failure", "Failed inference requests by reason", (*_LABELS, "reason"), registry=r
+        )
+        self.inference_count = Counter("kiln_inference_count", "Inferences run (batch rows)", _LABELS, registry=r)
+        self.exec_count = Counter("kiln_inference_exec_count", "Backend executions (batches)", _LABELS, registry=r)
+        self.pending = Gauge("kiln_inference_pending_request_count", "Requests queued or running", _LABELS, registry=r)
+        self.request_us = Counter("kiln_inference_request_duration_us", "Cumulative request time", _LABELS, registry=r)
+        self.queue_us = Counter("kiln_inference_queue_duration_us", "Cumulative queue time", _LABELS, registry=r)
+        self.input_us = Counter(
+            "kiln_inference_compute_input_duration_us", "Cumulative input preparation time", _LABELS, registry=r
+        )
+        self.infer_us = Counter(
+            "kiln_inference_compute_infer_duration_us", "Cumulative compute time", _LABELS, registry=r
+        )
+        self.output_us = Counter(
+            "kiln_inference_compute_output_duration_us", "Cumulative output extraction time", _LABELS, registry=r
+        )
+        self.batch_size = Histogram(
+            "kiln_inference_batch_size", "Rows per backend execution", _LABELS, buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.load_seconds = Gauge("kiln_model_load_duration_secs", "Time to load the model", _LABELS, registry=r)
+
+    def request_done(self, model: str, version: str, ok: bool, duration_ns: int, reason: str = "OTHER") -> None:
+        if ok:
+            self.success.labels(model, version).inc()
+        else:
+            self.failure.labels(model, version, reason if reason in FAILURE_REASONS else "OTHER").inc()
+        self.request_us.labels(model, version).inc(duration_ns / 1000)
+
+    def execution(self, model: str, version: str, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.exec_count.labels(model, version).inc()
+        self.inference_count.labels(model, version).inc(rows)
+        self.batch_size.labels(model, version).observe(rows)
+        self.input_us.labels(model, version).inc(input_ns / 1000)
+        self.infer_us.labels(model, version).inc(infer_ns / 1000)
+        self.output_us.labels(model, version).inc(output_ns / 1000)

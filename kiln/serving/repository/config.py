@@ -1,0 +1,237 @@
+"""The per-model `config.yaml`: frozen pydantic models, unknown keys rejected.
+
+A config that passes `ModelConfig.model_validate` is internally consistent;
+checks that need other models (ensemble DAGs) or the artifact itself (ONNX
+inputs) happen at load time.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kiln.errors import ConfigError
+from kiln.serving.types import DATATYPES
+
+BACKENDS = ("onnxruntime", "torch", "python", "llm", "ensemble")
+# Model names: a path component that cannot traverse (no '/', no leading '.').
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+# Artifact file names: one component, no separators.
+FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
+
+
+def check_model_name(name: str) -> str:
+    """Return `name` if it is a safe model name, else raise ConfigError."""
+    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+        raise ConfigError(
+            f"invalid model name {name!r}: use letters, digits, '_', '-', '.' "
+            "(no path separators or '..')",
+            param="name",
+        )
+    return name
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Frozen):
+    """An input or output: dims exclude the batch dim; -1 = variable."""
+
+    name: str = Field(min_length=1, max_length=256)
+    datatype: str
+    dims: tuple[int, ...]
+    optional: bool = False  # inputs only: may be omitted by the client
+
+    @field_validator("datatype")
+    @classmethod
+    def _datatype(cls, value: str) -> str:
+        if value not in DATATYPES:
+            raise ValueError(f"datatype must be one of {list(DATATYPES)}")
+        return value
+
+    @field_validator("dims")
+    @classmethod
+    def _dims(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d < -1 or d == 0 for d in value):
+            raise ValueError("dims must be positive or -1 (variable)")
+        return value
+
+
+class DynamicBatching(_Frozen):
+    """How requests are grouped. `variable_shapes`: requests whose shapes
+    differ in a -1 dim are run in separate batches ('split') or zero-padded
+    to the largest ('pad'); padded outputs listed in `trim_outputs` are cut
+    back along the same axes."""
+
+    max_queue_delay_ms: float = Field(default=0.0, ge=0, le=60_000)
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_size: int = Field(default=0, ge=0)  # 0 = unbounded
+    default_timeout_ms: float = Field(default=0.0, ge=0)  # 0 = none
+    variable_shapes: Literal["split", "pad"] = "split"
+    pad_value: float = 0.0
+    trim_outputs: tuple[str, ...] = ()
+
+    @field_validator("preferred_batch_sizes")
+    @classmethod
+    def _preferred(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(v < 1 for v in value):
+            raise ValueError("preferred_batch_sizes must be positive")
+        return tuple(sorted(set(value)))
+
+
+class QueuePolicy(_Frozen):
+    """Queue limits for models without dynamic batching."""
+
+    max_queue_size: int = Field(default=0, ge=0)
+    default_timeout_ms: float = Field(default=0.0, ge=0)
+
+
+class VersionPolicy(_Frozen):
+    """Exactly one of: latest N (default 1), all, specific versions."""
+
+    latest: int | None = Field(default=None, ge=1)
+    all: bool | None = None
+    specific: tuple[int, ...] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "VersionPolicy":
+        chosen = [k for k in ("latest", "all", "specific") if getattr(self, k) not in (None, False)]
+        if len(chosen) > 1:
+            raise ValueError(f"version_policy takes one of latest/all/specific, got {chosen}")
+        if self.specific is not None and any(v < 1 for v in self.specific):
+            raise ValueError("specific versions must be positive")
+        return self
+
+    def select(self, available: list[int]) -> list[int]:
+        """The versions to load, ascending."""
+        available = sorted(available)
+        if self.all:
+            return available
+        if self.specific is not None:
+            return [v for v in available if v in self.specific]
+        return available[-(self.latest or 1):]
+
+
+class WarmupInput(_Frozen):
+    datatype: str
+    dims: tuple[int, ...]
+    data: Literal["zero", "random"] = "zero"
+
+
+class Warmup(_Frozen):
+    name: str = "warmup"
+    batch_size: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=1000)
+    inputs: dict[str, WarmupInput]
+
+
+class EnsembleStep(_Frozen):
+    """One step: `input_map` maps the step model's input -> ensemble tensor;
+    `output_map` maps the step model's output -> ensemble tensor."""
+
+    model: str
+    version: int | None = None
+    input_map: dict[str, str]
+    output_map: dict[str, str]
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if not NAME_RE.match(value) or ".." in value:
+            raise ValueError(f"invalid model name {value!r}")
+        return value
+
+
+ParamValue = Union[bool, int, float, str]
+
+
+class ModelConfig(_Frozen):
+    """One model's config.yaml."""
+
+    name: str
+    backend: Literal["onnxruntime", "torch", "python", "llm", "ensemble"]
+    max_batch_size: int = Field(default=0, ge=0, le=1 << 16)
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    dynamic_batching: DynamicBatching | None = None
+    queue: QueuePolicy = QueuePolicy()
+    instance_count: int = Field(default=1, ge=1, le=64)
+    version_policy: VersionPolicy = VersionPolicy()
+    warmup: tuple[Warmup, ...] = ()
+    artifact: str | None = None  # file name inside the version dir
+    device: Literal["cpu", "cuda"] = "cpu"
+    parameters: dict[str, ParamValue] = {}
+    steps: tuple[EnsembleStep, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.match(value) or ".." in value:
+            raise ValueError("invalid model name: use letters, digits, '_', '-', '.'")
+        return value
+
+    @field_validator("artifact")
+    @classmethod
+    def _artifact(cls, value: str | None) -> str | None:
+        if value is not None and (not FILE_RE.match(value) or ".." in value):
+            raise ValueError("artifact must be a plain file name inside the version directory")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelConfig":
+        for kind, specs in (("input", self.inputs), ("output", self.outputs)):
+            names = [s.name for s in specs]
+            if len(set(names)) != len(names):
+                raise ValueError(f"duplicate {kind} names in {names}")
+        if any(s.optional for s in self.outputs):
+            raise ValueError("outputs cannot be optional")
+        if self.backend == "ensemble":
+            if not self.steps:
+                raise ValueError("an ensemble needs at least one step")
+            if not self.inputs or not self.outputs:
+                raise ValueError("an ensemble must declare its inputs and outputs")
+        elif self.steps:
+            raise ValueError("steps are only valid for backend 'ensemble'")
+        if self.dynamic_batching is not None and self.max_batch_size < 1:
+            raise ValueError("dynamic_batching needs max_batch_size >= 1")
+        if self.dynamic_batching is not None:
+            too_big = [p for p in self.dynamic_batching.preferred_batch_sizes if p > self.max_batch_size]
+            if too_big:
+                raise ValueError(f"preferred_batch_sizes {too_big} exceed max_batch_size")
+        return self
+
+    @property
+    def has_io(self) -> bool:
+        return bool(self.inputs) and bool(self.outputs)
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((s for s in self.inputs if s.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((s for s in self.outputs if s.name == name), None)
+
+
+def parse_config(data: Any, *, name: str) -> ModelConfig:
+    """Validate a config mapping for model `name` (the directory name).
+
+    `name` may be omitted in the file; if given it must equal the directory.
+    Raises ConfigError with every problem pydantic found, one per line.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"config for model '{name}' must be a mapping, got {type(data).__name__}")
+    if data.get("name", name) != name:
+        raise ConfigError(f"config name {data.get('name')!r} does not match model directory {name!r}")
+    try:
+        return ModelConfig.model_validate({**data, "name": name})
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config for model '{name}': {format_validation_error(exc)}") from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)

@@ -1,0 +1,80 @@
+"""Start `python -m kiln.serving.server` in a subprocess for a test module."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    proc: subprocess.Popen
+    http_port: int
+    grpc_port: int
+    log_path: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def get(self, path: str, **kw) -> httpx.Response:
+        return httpx.get(f"http://{self.http_url}{path}", timeout=30, **kw)
+
+    def post(self, path: str, **kw) -> httpx.Response:
+        return httpx.post(f"http://{self.http_url}{path}", timeout=60, **kw)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and self.get("/v2/health/live").status_code == 200
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def live_server(repo: Path, *args: str, timeout: float = 90.0):
+    http_port, grpc_port = free_port(), free_port()
+    log_path = Path(repo).parent / f"server-{http_port}.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "kiln.serving.server", "--model-repository", str(repo),
+           "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--log-level", "warning", *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    server = LiveServer(proc, http_port, grpc_port, log_path)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if server.get("/v2/health/live").status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start in {timeout}s:\n{server.log()}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,54 @@
+"""The real SmolLM2 behind the server: chat template, real text, multi-byte streaming."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.openai.live import kiln_server
+
+pytestmark = pytest.mark.slow
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    with kiln_server(
+        smollm2_path,
+        "--kv-cache-memory-gib",
+        "0.25",
+        "--served-model-name",
+        "smollm2",
+        tmp_dir=tmp_path_factory.mktemp("smollm2"),
+    ) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.openai()
+
+
+def test_chat_template_gives_a_real_answer(client, server):
+    out = client.chat.completions.create(model="smollm2", messages=FRANCE, max_tokens=20, temperature=0)
+    assert "Paris" in out.choices[0].message.content
+    assert out.choices[0].finish_reason == "stop"  # the model ended its turn itself
+    tokenized = server.post("/tokenize", json={"messages": FRANCE}).json()
+    assert tokenized["count"] == out.usage.prompt_tokens
+
+
+def test_stop_string_on_real_text(client):
+    out = client.chat.completions.create(model="smollm2", messages=FRANCE, max_tokens=20, temperature=0, stop=["Paris"])
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop" and "Paris" not in choice.message.content
+    assert choice.message.content.startswith("The capital of France is")
+
+
+def test_streaming_never_splits_a_multibyte_character(client):
+    messages = [{"role": "user", "content": "Repeat exactly this text: 😀 日本語 café 😀"}]
+    kw = dict(model="smollm2", messages=messages, max_tokens=30, temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)]
+    assert "".join(pieces) == whole
+    assert not any("\ufffd" in p for p in pieces)
+    assert any(len(ch.encode()) >= 3 for ch in whole)  # the answer has multi-byte characters

@@ -1,0 +1,85 @@
+"""`kiln serve --model-repository`: one server, OpenAI + KServe v2 (HTTP and
+gRPC) routes; the repository's `llm` model runs on one engine for both."""
+import numpy as np
+import pytest
+import yaml
+
+from tests.integration.openai.live import free_port, kiln_server
+
+PYTHON_MODEL = '''
+import numpy as np
+from kiln.serving.model import Model
+
+class Double(Model):
+    def execute(self, requests):
+        return [{"OUT": r.inputs["IN"] * 2} for r in requests]
+'''
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, tiny_llama_dir):
+    root = tmp_path_factory.mktemp("repo")
+    llm = root / "tiny" / "1"
+    llm.mkdir(parents=True)
+    (root / "tiny" / "config.yaml").write_text(yaml.safe_dump({
+        "backend": "llm",
+        "max_batch_size": 8,
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "dims": [1]},
+                   {"name": "max_tokens", "datatype": "INT32", "dims": [1], "optional": True}],
+        "outputs": [{"name": "text_output", "datatype": "BYTES", "dims": [1]}],
+        "parameters": {"model": str(tiny_llama_dir), "kv_cache_memory_gib": 0.02, "max_model_len": 256},
+    }))
+    double = root / "double" / "1"
+    double.mkdir(parents=True)
+    (double / "model.py").write_text(PYTHON_MODEL)
+    (root / "double" / "config.yaml").write_text(yaml.safe_dump({
+        "backend": "python",
+        "max_batch_size": 4,
+        "inputs": [{"name": "IN", "datatype": "FP32", "dims": [3]}],
+        "outputs": [{"name": "OUT", "datatype": "FP32", "dims": [3]}],
+    }))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository, tmp_path_factory):
+    grpc_port = free_port()
+    with kiln_server(None, "--model-repository", str(repository), "--grpc-port", str(grpc_port),
+                     tmp_dir=tmp_path_factory.mktemp("log")) as s:
+        s.grpc_port = grpc_port
+        yield s
+
+
+def test_llm_model_on_openai_and_kserve_gives_the_same_text(server):
+    completion = server.openai().completions.create(model="tiny", prompt="Hello there", max_tokens=6, temperature=0)
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["Hello there"]},
+                       {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [6]}]}
+    r = server.post("/v2/models/tiny/infer", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == [completion.choices[0].text]
+
+
+def test_python_model_over_grpc_and_health(server):
+    import tritonclient.grpc as grpcclient
+
+    assert server.get("/health").json()["models"] == {"tiny": "ready", "model_repository": "ready"}
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    assert client.is_server_ready() and client.is_model_ready("double")
+    tensor = grpcclient.InferInput("IN", [1, 3], "FP32")
+    tensor.set_data_from_numpy(np.array([[1, 2, 3]], dtype=np.float32))
+    out = client.infer("double", [tensor]).as_numpy("OUT")
+    assert out.tolist() == [[2, 4, 6]]
+
+
+def test_bad_llm_input_is_a_400_and_the_server_keeps_serving(server):
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
+    r = server.post("/v2/models/tiny/infer", json=body)
+    assert r.status_code == 400 and "empty" in r.json()["error"]
+    assert server.get("/v2/health/ready").status_code == 200
+
+
+def test_repo_validate_command(repository, capsys):
+    from kiln.cli.main import main
+
+    assert main(["repo", "validate", str(repository)]) == 0
+    assert "all models valid" in capsys.readouterr().out

@@ -1,0 +1,48 @@
+"""The app before its model is ready: /health 503, requests 503 with Retry-After."""
+
+from __future__ import annotations
+
+from starlette.testclient import TestClient
+
+from kiln.config import EngineConfig
+from kiln.frontends.app import build_app
+from kiln.frontends.dataplane import DataPlane
+from kiln.frontends.settings import ServerSettings
+
+
+def loading_app(**settings) -> tuple[TestClient, DataPlane]:
+    dataplane = DataPlane(ServerSettings(**settings))
+    dataplane.add_llm(EngineConfig.from_flat(model="/nonexistent/model"), name="m")
+    return TestClient(build_app(dataplane)), dataplane  # no `with`: the lifespan (loading) never runs
+
+
+def test_health_is_503_while_loading_and_requests_say_so():
+    client, _ = loading_app()
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["models"] == {"m": "loading"}
+    r = client.post("/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+    assert r.json()["error"]["type"] == "model_loading_error"
+    assert client.get("/version").status_code == 200
+    assert client.get("/v1/models").json()["data"][0]["id"] == "m"
+
+
+def test_unknown_model_is_404_even_while_loading():
+    client, _ = loading_app()
+    r = client.post("/v1/chat/completions", json={"model": "other", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_draining_refuses_new_requests():
+    client, dataplane = loading_app()
+    dataplane.draining = True
+    assert client.get("/health").json()["status"] == "draining"
+    r = client.post("/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_draining_error"
+
+
+def test_metrics_registry_is_per_server():
+    a, _ = loading_app()
+    b, _ = loading_app()  # a second server in the same process: no duplicate-metric clash
+    assert "kiln:num_requests_running" in a.get("/metrics").text
+    assert "kiln:num_requests_running" in b.get("/metrics").text

@@ -1,0 +1,53 @@
+"""The `kiln` command line: one flag per config field, only given flags passed on."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kiln.cli.main import ENGINE_SECTIONS, build_parser, given
+from kiln.config import EngineConfig
+from kiln.frontends.settings import ServerSettings
+
+
+def test_every_engine_and_server_field_is_a_flag():
+    parser, names = build_parser()
+    engine_fields = {f.name for c in ENGINE_SECTIONS for f in dataclasses.fields(c)} - {"model"}
+    assert set(names["engine"]) == engine_fields
+    assert set(names["server"]) == {f.name for f in dataclasses.fields(ServerSettings)}
+
+
+def test_serve_flags_build_config_and_settings():
+    parser, names = build_parser()
+    args = parser.parse_args(
+        [
+            "serve",
+            "/models/m.gguf",
+            "--block-size",
+            "32",
+            "--no-enable-prefix-caching",
+            "--kv-cache-memory-gib",
+            "0.5",
+            "--port",
+            "9000",
+            "--max-queued-requests",
+            "4",
+        ]
+    )
+    config = EngineConfig.from_flat(model=args.model, **given(args, names["engine"]))
+    assert config.model.model == "/models/m.gguf"
+    assert (config.cache.block_size, config.cache.enable_prefix_caching, config.cache.kv_cache_memory_gib) == (
+        32,
+        False,
+        0.5,
+    )
+    assert config.scheduler == EngineConfig().scheduler  # untouched sections keep their defaults
+    settings = ServerSettings(**given(args, names["server"]))
+    assert (settings.port, settings.max_queued_requests, settings.host) == (9000, 4, "127.0.0.1")
+
+
+def test_generate_and_bench_parse():
+    parser, _ = build_parser()
+    args = parser.parse_args(["generate", "--prompt", "Hi", "--chat", "--max-tokens", "5"])
+    assert (args.prompt, args.chat, args.max_tokens, args.model) == ("Hi", True, 5, None)
+    args = parser.parse_args(["bench", "serve", "--model", "m", "--request-rate", "2", "--goodput", "ttft:500"])
+    assert (args.model, args.request_rate, args.goodput) == ("m", 2.0, ["ttft:500"])

@@ -1,0 +1,219 @@
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from kiln.errors import OverloadedError, RequestTimeoutError
+from kiln.serving.backends.base import TensorModel
+from kiln.serving.batching.batcher import DynamicBatcher
+from kiln.serving.metrics import ServingMetrics
+from kiln.serving.model import LoadContext
+from kiln.serving.repository.config import parse_config
+from kiln.serving.stats import ModelStats
+from kiln.serving.types import InferRequest
+
+
+class Doubler(TensorModel):
+    """OUT = IN * 2; the whole batch fails if any value is negative."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self.batches: list[int] = []
+
+    def run(self, inputs):
+        time.sleep(self.delay)
+        x = inputs["IN"]
+        self.batches.append(x.shape[0])
+        if (x < 0).any():
+            raise ValueError("negative input")
+        return {"OUT": x * 2}
+
+
+def make(delay=0.0, instances=1, **batching):
+    data = {"backend": "python", "max_batch_size": batching.pop("max_batch_size", 8),
+            "inputs": [{"name": "IN", "datatype": "FP32", "dims": [-1]}],
+            "outputs": [{"name": "OUT", "datatype": "FP32", "dims": [-1]}]}
+    queue = batching.pop("queue", None)
+    if queue is not None:
+        data["queue"] = queue
+    if batching.pop("off", False):
+        data["max_batch_size"] = 0
+    else:
+        data["dynamic_batching"] = batching
+    config = parse_config(data, name="m")
+    models = []
+    for _ in range(instances):
+        model = Doubler(delay)
+        model.load(LoadContext(config, 1, None))
+        models.append(model)
+    stats = ModelStats("m", "1")
+    return DynamicBatcher(config, "1", models, stats, ServingMetrics()), models, stats
+
+
+def req(values, **params):
+    return InferRequest("m", {"IN": np.asarray(values, np.float32)}, parameters=params)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_requests_run_in_fewer_batches_with_identical_results():
+    async def main():
+        batcher, models, stats = make(max_queue_delay_ms=100)
+        inputs = [np.full((1, 3), i, np.float32) for i in range(8)]
+        outs = await asyncio.gather(*(batcher.submit(req(x)) for x in inputs))
+        await batcher.stop()
+        return inputs, outs, models[0].batches, stats
+    inputs, outs, batches, stats = run(main())
+    for x, out in zip(inputs, outs):
+        assert np.array_equal(out["OUT"], x * 2)
+    assert batches == [8]
+    assert stats.execution_count == 1 and stats.inference_count == 8
+    assert stats.queue.count == 8
+
+
+def test_max_batch_size_caps_rows():
+    async def main():
+        batcher, models, _ = make(max_batch_size=4, max_queue_delay_ms=50)
+        await asyncio.gather(*(batcher.submit(req([[i]])) for i in range(10)))
+        await batcher.stop()
+        return models[0].batches
+    batches = run(main())
+    assert sum(batches) == 10 and max(batches) <= 4
+
+
+def test_preferred_batch_size_dispatches_without_waiting_for_the_delay():
+    async def main():
+        batcher, models, _ = make(max_queue_delay_ms=10_000, preferred_batch_sizes=[4])
+        start = time.perf_counter()
+        await asyncio.gather(*(batcher.submit(req([[i]])) for i in range(4)))
+        elapsed = time.perf_counter() - start
+        await batcher.stop()
+        return elapsed, models[0].batches
+    elapsed, batches = run(main())
+    assert batches == [4] and elapsed < 5
+
+
+def test_different_shapes_split_or_pad():
+    async def main(mode):
+        extra = {"trim_outputs": ["OUT"]} if mode == "pad" else {}
+        batcher, models, _ = make(max_queue_delay_ms=50, variable_shapes=mode, **extra)
+        outs = await asyncio.gather(batcher.submit(req([[1, 2, 3]])), batcher.submit(req([[4, 5, 6, 7, 8]])))
+        await batcher.stop()
+        return outs, models[0].batches
+    outs, batches = run(main("split"))
+    assert batches == [1, 1]
+    assert outs[0]["OUT"].tolist() == [[2, 4, 6]] and outs[1]["OUT"].shape == (1, 5)
+    outs, batches = run(main("pad"))
+    assert batches == [2]
+    assert outs[0]["OUT"].tolist() == [[2, 4, 6]] and outs[1]["OUT"].tolist() == [[8, 10, 12, 14, 16]]
+
+
+def test_failing_request_fails_alone():
+    async def main():
+        batcher, models, _ = make(max_queue_delay_ms=50)
+        results = await asyncio.gather(
+            batcher.submit(req([[1.0]])), batcher.submit(req([[-1.0]])), batcher.submit(req([[3.0]])),
+            return_exceptions=True)
+        await batcher.stop()
+        return results, models[0].batches
+    results, batches = run(main())
+    assert results[0]["OUT"].tolist() == [[2.0]] and results[2]["OUT"].tolist() == [[6.0]]
+    assert "negative input" in str(results[1])
+    assert batches[0] == 3  # tried together first, then one by one
+
+
+def test_queue_timeout_removes_the_request():
+    async def main():
+        batcher, _, _ = make(delay=0.4, max_queue_delay_ms=0)
+        busy = asyncio.ensure_future(batcher.submit(req([[1.0]])))
+        await asyncio.sleep(0.05)
+        start = time.perf_counter()
+        with pytest.raises(RequestTimeoutError, match="Request timeout expired"):
+            await batcher.submit(req([[2.0]], timeout=50_000))  # microseconds
+        waited = time.perf_counter() - start
+        await busy
+        await batcher.stop()
+        return waited
+    assert run(main()) < 0.3
+
+
+def test_default_timeout_from_config():
+    async def main():
+        batcher, _, _ = make(delay=0.4, max_queue_delay_ms=0, default_timeout_ms=50)
+        busy = asyncio.ensure_future(batcher.submit(req([[1.0]])))
+        await asyncio.sleep(0.05)
+        with pytest.raises(RequestTimeoutError):
+            await batcher.submit(req([[2.0]]))
+        await busy
+        await batcher.stop()
+    run(main())
+
+
+def test_full_queue_rejects_at_once():
+    async def main():
+        batcher, _, _ = make(delay=0.3, max_queue_delay_ms=0, max_queue_size=1, max_batch_size=1)
+        running = asyncio.ensure_future(batcher.submit(req([[1.0]])))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(batcher.submit(req([[2.0]])))
+        await asyncio.sleep(0.01)
+        start = time.perf_counter()
+        with pytest.raises(OverloadedError, match="Exceeds maximum queue size"):
+            await batcher.submit(req([[3.0]]))
+        assert time.perf_counter() - start < 0.1
+        results = [await running, await queued]
+        await batcher.stop()
+        return results
+    results = run(main())
+    assert [r["OUT"].tolist() for r in results] == [[[2.0]], [[4.0]]]
+
+
+def test_cancelled_request_leaves_the_queue():
+    async def main():
+        batcher, models, _ = make(delay=0.2, max_queue_delay_ms=0, max_batch_size=1)
+        running = asyncio.ensure_future(batcher.submit(req([[1.0]])))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(batcher.submit(req([[2.0]])))
+        await asyncio.sleep(0.01)
+        assert batcher.queue_size() == 1
+        queued.cancel()
+        await asyncio.sleep(0.01)
+        assert batcher.queue_size() == 0
+        await running
+        await batcher.stop()
+        return models[0].batches
+    assert run(main()) == [1]
+
+
+def test_without_dynamic_batching_requests_run_one_at_a_time():
+    async def main():
+        batcher, models, stats = make(off=True)
+        outs = await asyncio.gather(*(batcher.submit(req([1.0, float(i)])) for i in range(3)))
+        await batcher.stop()
+        return outs, stats
+    outs, stats = run(main())
+    assert stats.execution_count == 3
+    assert outs[2]["OUT"].tolist() == [2.0, 4.0]
+
+
+def test_two_instances_run_in_parallel():
+    async def main():
+        batcher, models, _ = make(delay=0.3, instances=2, max_batch_size=1, max_queue_delay_ms=0)
+        start = time.perf_counter()
+        await asyncio.gather(batcher.submit(req([[1.0]])), batcher.submit(req([[2.0]])))
+        elapsed = time.perf_counter() - start
+        await batcher.stop()
+        return elapsed, [m.batches for m in models]
+    elapsed, batches = run(main())
+    assert batches == [[1], [1]] and elapsed < 0.55
+
+
+def test_bad_request_type_error_is_reported_not_raised():
+    async def main():
+        batcher, _, _ = make(max_queue_delay_ms=0)
+        with pytest.raises(Exception, match="failed"):
+            await batcher.submit(InferRequest("m", {"IN": np.array([["x"]], dtype=object)}))
+        await batcher.stop()
+    run(main())

@@ -1,0 +1,56 @@
+import pytest
+from pydantic import ValidationError
+
+from kiln.errors import ConfigError
+from kiln.serving.repository.config import VersionPolicy, check_model_name, parse_config
+
+
+def _base(**kw):
+    return {"backend": "python", "inputs": [{"name": "X", "datatype": "FP32", "dims": [-1]}],
+            "outputs": [{"name": "Y", "datatype": "FP32", "dims": [-1]}], **kw}
+
+
+def test_valid_config_is_frozen():
+    config = parse_config(_base(max_batch_size=4, dynamic_batching={"max_queue_delay_ms": 2}), name="m")
+    assert config.name == "m" and config.max_batch_size == 4
+    assert config.dynamic_batching.max_queue_delay_ms == 2
+    with pytest.raises(ValidationError):
+        config.max_batch_size = 3
+
+
+@pytest.mark.parametrize("data, fragment", [
+    (_base(unknown_key=1), "unknown_key"),
+    (_base(dynamic_batching={"max_queue_delay_ms": 1, "bogus": 2}), "bogus"),
+    (_base(backend="tensorflow"), "backend"),
+    (_base(inputs=[{"name": "X", "datatype": "FLOAT", "dims": [1]}]), "datatype"),
+    (_base(inputs=[{"name": "X", "datatype": "FP32", "dims": [0]}]), "dims"),
+    (_base(dynamic_batching={}), "max_batch_size"),
+    (_base(max_batch_size=2, dynamic_batching={"preferred_batch_sizes": [4]}), "preferred"),
+    (_base(artifact="../evil.py"), "artifact"),
+    (_base(version_policy={"latest": 1, "all": True}), "one of"),
+    (_base(inputs=[{"name": "X", "datatype": "FP32", "dims": [1]}] * 2), "duplicate"),
+    (_base(steps=[{"model": "a", "input_map": {}, "output_map": {}}]), "ensemble"),
+    ({"backend": "ensemble", "steps": []}, "ensemble"),
+])
+def test_invalid_configs_are_rejected(data, fragment):
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, name="m")
+    assert fragment in info.value.message
+
+
+def test_name_must_match_directory():
+    with pytest.raises(ConfigError, match="does not match"):
+        parse_config(_base(name="other"), name="m")
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", ".hidden", "", "a" * 200, "x\x00"])
+def test_model_names_reject_traversal(name):
+    with pytest.raises(ConfigError):
+        check_model_name(name)
+
+
+def test_version_policies():
+    assert VersionPolicy().select([3, 1, 2]) == [3]
+    assert VersionPolicy(latest=2).select([3, 1, 2]) == [2, 3]
+    assert VersionPolicy(all=True).select([3, 1]) == [1, 3]
+    assert VersionPolicy(specific=(1, 5)).select([1, 2, 3]) == [1]
