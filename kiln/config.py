@@ -61,11 +61,48 @@ class SchedulerConfig:
             raise ConfigError("max_num_seqs must be positive", param="max_num_seqs")
 
 
+SPEC_METHODS = (None, "ngram", "draft")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding (off unless `spec_method` is set).
+
+    Switch-off rule: drafts are proposed after a step only while at most
+    `max_batch_for_speculation` requests are running; a larger batch decodes
+    plainly (verification costs more than it saves once the step is
+    compute-bound). Per request, `SamplingParams.speculate=False` opts out.
+    """
+
+    spec_method: str | None = None  # None | "ngram" | "draft"
+    num_speculative_tokens: int = 4  # k: drafts proposed per step and request
+    ngram_min_n: int = 1
+    ngram_max_n: int = 4
+    draft_model: str | None = None  # HF dir / GGUF sharing the target's vocabulary
+    draft_num_layers: int = 1  # no draft_model: the target's first N layers + its LM head
+    max_batch_for_speculation: int = 32
+
+    def __post_init__(self) -> None:
+        if self.spec_method not in SPEC_METHODS:
+            raise ConfigError(
+                f"spec_method must be one of {SPEC_METHODS}, got {self.spec_method!r}", param="spec_method"
+            )
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ConfigError("num_speculative_tokens must be in [1, 16]", param="num_speculative_tokens")
+        if not 1 <= self.ngram_min_n <= self.ngram_max_n:
+            raise ConfigError("need 1 <= ngram_min_n <= ngram_max_n", param="ngram_min_n")
+        if self.draft_num_layers < 1:
+            raise ConfigError("draft_num_layers must be positive", param="draft_num_layers")
+        if self.max_batch_for_speculation < 1:
+            raise ConfigError("max_batch_for_speculation must be positive", param="max_batch_for_speculation")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
 
     @classmethod
     def from_flat(cls, **options: Any) -> "EngineConfig":
@@ -73,7 +110,7 @@ class EngineConfig:
 
         Each key must name a field of exactly one section; unknown keys raise.
         """
-        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "spec": SpecConfig}
         owners = {f.name: name for name, c in sections.items() for f in dataclasses.fields(c)}
         grouped: dict[str, dict[str, Any]] = {name: {} for name in sections}
         for key, value in options.items():

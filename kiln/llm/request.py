@@ -43,6 +43,9 @@ class Request:
     num_cached_tokens: int = -1  # prefix-cache hit on first admission; -1 = not yet
     num_preemptions: int = 0
     stop_token_id: int | None = None  # the token that stopped it, if any
+    # Draft tokens proposed for the next step (speculative decoding). They
+    # are never part of all_token_ids: only verified tokens are appended.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

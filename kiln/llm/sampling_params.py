@@ -33,6 +33,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives; 0 = sampled token only
     logit_bias: dict[int, float] = field(default_factory=dict)
     include_stop_str_in_output: bool = False
+    speculate: bool = True  # False: never verify draft tokens for this request
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

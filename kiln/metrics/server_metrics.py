@@ -2,7 +2,7 @@
 
 Names follow vLLM's with a `kiln:` prefix, so dashboards port over. Every
 metric carries `model_name`. Engine counters (prefix-cache queries and hits,
-preemptions) arrive as running totals in EngineStats; they are turned into
+preemptions, speculative draft and accepted tokens) arrive as running totals in EngineStats; they are turned into
 counter increments here, so the Prometheus counters stay monotonic.
 """
 
@@ -68,6 +68,8 @@ class ServerMetrics:
         self.prefix_queries = counter("kiln:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("kiln:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = counter("kiln:num_preemptions", "Requests preempted by the scheduler.")
+        self.spec_drafts = counter("kiln:spec_decode_num_draft_tokens", "Draft tokens verified (speculative decoding).")
+        self.spec_accepted = counter("kiln:spec_decode_num_accepted_tokens", "Draft tokens accepted by verification.")
         self.prompt_tokens = counter("kiln:prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("kiln:generation_tokens", "Tokens generated.")
         self.success = Counter(
@@ -119,6 +121,8 @@ class ServerMetrics:
         self.prefix_queries.inc(max(0, stats.prefix_cache_queries - last.prefix_cache_queries))
         self.prefix_hits.inc(max(0, stats.prefix_cache_hits - last.prefix_cache_hits))
         self.preemptions.inc(max(0, stats.num_preemptions - last.num_preemptions))
+        self.spec_drafts.inc(max(0, stats.spec_num_draft_tokens - last.spec_num_draft_tokens))
+        self.spec_accepted.inc(max(0, stats.spec_num_accepted_tokens - last.spec_num_accepted_tokens))
         self._last = stats
         if stats.num_scheduled_seqs > 0:
             self.batch_size.observe(stats.num_scheduled_seqs)

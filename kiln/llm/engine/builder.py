@@ -13,6 +13,9 @@ from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
 from kiln.llm.models.default_model import default_model_path
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block
+from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
+from kiln.llm.spec_decode.ngram import NgramProposer
+from kiln.llm.spec_decode.proposer import Proposer
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,30 @@ def decide_num_blocks(model: LlamaModel, config: EngineConfig, max_model_len: in
     return max(1, int(cache.kv_cache_memory_gib * 2**30) // per_block)
 
 
+def build_proposer(
+    config: EngineConfig, checkpoint: Checkpoint, runner: ModelRunner, num_blocks: int, max_model_len: int
+) -> Proposer | None:
+    spec = config.spec
+    if spec.spec_method == "ngram":
+        return NgramProposer(spec.ngram_min_n, spec.ngram_max_n)
+    if spec.spec_method != "draft":
+        return None
+    if spec.draft_model:
+        draft_checkpoint = load_checkpoint(spec.draft_model)
+        if draft_checkpoint.arch.vocab_size != checkpoint.arch.vocab_size:
+            raise ConfigError(
+                f"draft model vocabulary ({draft_checkpoint.arch.vocab_size}) differs from the target's "
+                f"({checkpoint.arch.vocab_size})",
+                param="draft_model",
+            )
+        draft = build_model(draft_checkpoint, config, max_model_len)
+    else:
+        draft = truncated_model(checkpoint, spec.draft_num_layers, max_model_len)
+        draft = draft.to(device=runner.device, dtype=DTYPES[config.model.dtype]).eval()
+    # The draft pool mirrors the target's block count: whatever fits one fits the other.
+    return DraftModelProposer(draft, num_blocks, config.cache.block_size, runner.device, runner.sampler)
+
+
 def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None) -> tuple[EngineCore, Checkpoint]:
     started = time.perf_counter()
     checkpoint = checkpoint or load_checkpoint(resolve_model_path(config))
@@ -59,6 +86,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     pool_tokens = num_blocks * config.cache.block_size
     max_model_len = min(max_model_len, pool_tokens)
     runner = ModelRunner(model, num_blocks, config.cache.block_size, torch.device(config.model.device), config.model.seed)
+    runner.proposer = build_proposer(config, checkpoint, runner, num_blocks, max_model_len)
     core = EngineCore(config, runner, num_blocks, max_model_len)
     log.info(
         "engine ready: %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs",

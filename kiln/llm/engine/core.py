@@ -14,6 +14,7 @@ from kiln.llm.request import Request
 from kiln.llm.runner.model_runner import ModelRunner
 from kiln.llm.scheduler.output import RunnerOutput
 from kiln.llm.scheduler.scheduler import Scheduler
+from kiln.llm.spec_decode.proposer import plan_drafts
 
 
 class EngineCore:
@@ -49,20 +50,37 @@ class EngineCore:
         sched = self.scheduler.schedule()
         result = self.runner.execute(sched) if sched else RunnerOutput()
         touched = self.scheduler.update(sched, result)
+        if self.runner.proposer is not None:
+            self._propose()
         outputs = [self._output(r, result) for r in touched]
         stats = self._stats(len(sched.chunks), time.perf_counter() - started)
         return EngineCoreOutputs(outputs, stats)
 
+    def _propose(self) -> None:
+        """Give decoding requests drafts for the next step (see plan_drafts)."""
+        running = self.scheduler.running
+        self.runner.proposer.retain({r.request_id for r in running})
+        chosen, counts = plan_drafts(running, self.config.spec, self.max_model_len)
+        if chosen:
+            for request, drafts in zip(chosen, self.runner.propose(chosen, counts)):
+                request.spec_token_ids = drafts
+
     def _output(self, request: Request, result: RunnerOutput) -> EngineCoreOutput:
+        spec = result.spec_sampled.get(request.request_id)
+        if spec is not None:
+            return self._make_output(request, [t.token_id for t in spec], None)
         sampled = result.sampled[request.request_id]
         logprobs = None
         if sampled.logprob is not None:
             logprobs = [TokenLogprob(sampled.token_id, sampled.logprob, sampled.top_logprobs or [])]
+        return self._make_output(request, [sampled.token_id], logprobs)
+
+    def _make_output(self, request: Request, new_token_ids: list[int], logprobs) -> EngineCoreOutput:
         if request.is_finished:
             self.runner.sampler.forget(request.request_id)
         return EngineCoreOutput(
             request_id=request.request_id,
-            new_token_ids=[sampled.token_id],
+            new_token_ids=new_token_ids,
             new_logprobs=logprobs,
             finish_reason=request.finish_reason,
             stop_token_id=request.stop_token_id,
@@ -83,4 +101,7 @@ class EngineCore:
             num_scheduled_tokens=s.num_scheduled_tokens,
             num_scheduled_seqs=num_seqs,
             step_seconds=seconds,
+            spec_num_draft_tokens=self.scheduler.spec_stats.num_draft_tokens,
+            spec_num_accepted_tokens=self.scheduler.spec_stats.num_accepted_tokens,
+            spec_accepted_per_position=list(self.scheduler.spec_stats.accepted_per_position),
         )

@@ -166,6 +166,9 @@ def snapshot_stats(core) -> EngineStats:
         prefix_cache_queries=s.prefix_cache_queries,
         prefix_cache_hits=s.prefix_cache_hits,
         num_preemptions=s.num_preemptions,
+        spec_num_draft_tokens=core.scheduler.spec_stats.num_draft_tokens,
+        spec_num_accepted_tokens=core.scheduler.spec_stats.num_accepted_tokens,
+        spec_accepted_per_position=list(core.scheduler.spec_stats.accepted_per_position),
     )
 
 

@@ -48,6 +48,10 @@ class EngineStats(msgspec.Struct):
     num_scheduled_tokens: int = 0
     num_scheduled_seqs: int = 0
     step_seconds: float = 0.0
+    # Speculative decoding, running totals (0 / [] when off).
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = []
 
 
 class EngineCoreOutputs(msgspec.Struct):

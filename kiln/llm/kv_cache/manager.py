@@ -96,7 +96,22 @@ class KVCacheManager:
         fresh = cdiv(computed + num_new_tokens, self.block_size) - len(table)
         if fresh > 0:
             table.extend(self.pool.allocate(fresh))
-        self._publish_full_blocks(request, table, computed + num_new_tokens)
+        # Draft tokens (speculative decoding) lie past request.num_tokens:
+        # only blocks full of verified tokens are ever published.
+        self._publish_full_blocks(request, table, min(computed + num_new_tokens, request.num_tokens))
+
+    def rollback(self, request: Request) -> None:
+        """Free the tail blocks that hold no token of the request (slots
+        allocated for rejected draft tokens). Kept blocks never carry a hash
+        over a draft token, since publication stops at `num_tokens`."""
+        table = self.tables.get(request.request_id)
+        if table is None:
+            return
+        keep = cdiv(request.num_tokens, self.block_size)
+        if len(table) > keep:
+            extra = table[keep:]
+            del table[keep:]
+            self.pool.free(list(reversed(extra)))
 
     def free(self, request: Request) -> None:
         """Release every block of the request; cached ones stay findable."""

@@ -23,22 +23,21 @@ def _weight(*shape: int) -> nn.Parameter:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, arch: LlamaArch, rotary: RotaryEmbedding, backend: AttentionBackend):
+    def __init__(self, arch: LlamaArch, backend: AttentionBackend):
         super().__init__()
         self.arch = arch
         self.qkv_proj = _weight(arch.q_size + 2 * arch.kv_size, arch.hidden_size)
         self.o_proj = _weight(arch.hidden_size, arch.q_size)
-        self.rotary = rotary
         self.backend = backend
 
-    def forward(self, x, positions, kv_cache, meta: AttentionMetadata):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata):
         a = self.arch
         qkv = F.linear(x, self.qkv_proj)
         q, k, v = qkv.split([a.q_size, a.kv_size, a.kv_size], dim=-1)
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
-        q, k = self.rotary(positions, q, k)
+        q, k = RotaryEmbedding.apply(q, k, *rope)
         out = self.backend.forward(q, k, v, kv_cache, meta)
         return F.linear(out.reshape(-1, a.q_size), self.o_proj)
 
@@ -56,15 +55,15 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, arch, rotary, backend):
+    def __init__(self, arch, backend):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = LlamaAttention(arch, rotary, backend)
+        self.self_attn = LlamaAttention(arch, backend)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = LlamaMLP(arch)
 
-    def forward(self, x, positions, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+    def forward(self, x, rope, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -73,17 +72,18 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.arch = arch
         backend = backend or TorchPagedAttention()
-        rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
+        self.rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
         self.embed_tokens = _weight(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(arch, rotary, backend) for _ in range(arch.num_layers))
+        self.layers = nn.ModuleList(LlamaLayer(arch, backend) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = self.embed_tokens if arch.tie_word_embeddings else _weight(arch.vocab_size, arch.hidden_size)
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata):
         """Returns final hidden states [T, hidden] (normed)."""
         x = F.embedding(input_ids, self.embed_tokens)
+        rope = self.rotary.tables(positions)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, kv_cache, meta)
+            x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,9 @@ class ModelInputs:
     meta: AttentionMetadata
     sample_rows: torch.Tensor  # rows of the hidden states to compute logits for
     sample_chunks: list[ScheduledChunk]  # same order as sample_rows
+    # Speculative chunks own 1 + drafts consecutive sample rows (their last
+    # positions); False means one row per sample chunk.
+    has_spec: bool = False
 
 
 def is_decode_like(c: ScheduledChunk) -> bool:
@@ -32,13 +35,18 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
     slots: list[int] = []
     sample_rows: list[int] = []
     sample_chunks: list[ScheduledChunk] = []
+    has_spec = False
     for c in decodes + prefills:
         end = c.start + c.num_tokens
-        ids.extend(c.request.token_slice(c.start, end))
+        ids.extend(c.token_ids())
         positions.extend(range(c.start, end))
         slots.extend(c.block_ids[p // block_size] * block_size + p % block_size for p in range(c.start, end))
         if c.sample:
-            sample_rows.append(len(ids) - 1)
+            if c.draft_token_ids:
+                has_spec = True
+                sample_rows.extend(range(len(ids) - 1 - len(c.draft_token_ids), len(ids)))
+            else:
+                sample_rows.append(len(ids) - 1)
             sample_chunks.append(c)
 
     def tensor(values):
@@ -58,4 +66,4 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
         table = None if c.start == 0 else tensor(c.block_ids[: cdiv(ctx_len, block_size)])
         meta.prefills.append(PrefillSeq(row, c.num_tokens, ctx_len, table))
         row += c.num_tokens
-    return ModelInputs(tensor(ids), tensor(positions), meta, tensor(sample_rows), sample_chunks)
+    return ModelInputs(tensor(ids), tensor(positions), meta, tensor(sample_rows), sample_chunks, has_spec)

@@ -6,7 +6,10 @@ import torch
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.runner.inputs import build_inputs
 from kiln.llm.sampling.sampler import Sampler
+from kiln.llm.request import Request
 from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
+from kiln.llm.spec_decode.proposer import Proposer
+from kiln.llm.spec_decode.verify import verify
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,6 +33,7 @@ class ModelRunner:
             for _ in range(a.num_layers)
         ]
         self.sampler = Sampler(device, seed)
+        self.proposer: Proposer | None = None  # set when speculative decoding is on
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -38,9 +42,32 @@ class ModelRunner:
         if not inputs.sample_chunks:
             return RunnerOutput()
         logits = self.model.compute_logits(hidden[inputs.sample_rows])
+        if inputs.has_spec:
+            return self._sample_spec(logits, inputs.sample_chunks)
         requests = [c.request for c in inputs.sample_chunks]
         tokens = self.sampler(logits, requests)
         return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens)})
+
+    def _sample_spec(self, logits: torch.Tensor, chunks) -> RunnerOutput:
+        """Plain rows go through the sampler as usual; speculative chunks'
+        1 + k rows each are verified against their drafts."""
+        plain_rows, spec_rows, row = [], [], 0
+        for c in chunks:
+            (spec_rows if c.draft_token_ids else plain_rows).extend(range(row, row + c.num_logit_rows))
+            row += c.num_logit_rows
+        out = RunnerOutput()
+        plain = [c.request for c in chunks if not c.draft_token_ids]
+        if plain:
+            tokens = self.sampler(logits[plain_rows], plain)
+            out.sampled = {r.request_id: t for r, t in zip(plain, tokens)}
+        spec = [c for c in chunks if c.draft_token_ids]
+        out.spec_sampled = verify(logits[spec_rows], spec, self.sampler, self.proposer)
+        return out
+
+    def propose(self, requests: list[Request], num_drafts: list[int]) -> list[list[int]]:
+        if self.proposer is None:
+            return [[] for _ in requests]
+        return self.proposer.propose(requests, num_drafts)
 
     @torch.inference_mode()
     def logits_for(self, sched: SchedulerOutput) -> torch.Tensor:

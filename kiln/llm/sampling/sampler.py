@@ -69,17 +69,38 @@ class Sampler:
         if random_rows:
             rows = torch.tensor(random_rows, device=self.device)
             sub = [requests[i] for i in random_rows]
-            scaled = logits[rows] / self._column(sub, "temperature").unsqueeze(1)
-            scaled = apply_top_k_top_p_min_p(
-                scaled,
-                self._column(sub, "top_k").long(),
-                self._column(sub, "top_p"),
-                self._column(sub, "min_p"),
-            )
-            probs = scaled.softmax(dim=-1)
+            probs = self.warp(logits[rows], sub)
             race = self._exponentials(probs, sub)
             tokens[rows] = (probs / race).argmax(dim=-1)
         return tokens.tolist()
+
+    def warp(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Processed logits of non-greedy rows -> the distribution they are
+        drawn from (temperature, then top-k/top-p/min-p)."""
+        scaled = logits / self._column(requests, "temperature").unsqueeze(1)
+        scaled = apply_top_k_top_p_min_p(
+            scaled,
+            self._column(requests, "top_k").long(),
+            self._column(requests, "top_p"),
+            self._column(requests, "min_p"),
+        )
+        return scaled.softmax(dim=-1)
+
+    def process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Logit bias, min_tokens masking and penalties (float32 copy)."""
+        return self._process(logits.float(), requests)
+
+    def generator_for(self, request: Request) -> torch.Generator:
+        """The request's own seeded generator, or the shared one."""
+        seed = request.sampling_params.seed
+        if seed is None:
+            return self.generator
+        gen = self._request_generators.get(request.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(seed)
+            self._request_generators[request.request_id] = gen
+        return gen
 
     def _exponentials(self, probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         race = torch.empty_like(probs)
@@ -110,3 +131,6 @@ class Sampler:
 
 def _needs_processing(p, req: Request) -> bool:
     return bool(p.logit_bias) or p.needs_penalties or p.logprobs is not None or req.num_output_tokens < p.min_tokens
+
+
+needs_processing = _needs_processing  # public name for the speculative verifier

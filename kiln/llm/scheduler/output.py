@@ -9,16 +9,32 @@ from kiln.llm.request import Request
 @dataclass
 class ScheduledChunk:
     """Feed `request.all_token_ids[start:start + num_tokens]` at positions
-    start.. through the model; sample a token after it iff `sample`."""
+    start.. through the model; sample a token after it iff `sample`.
+
+    A speculative chunk also feeds `draft_token_ids` after the request's last
+    token (so `num_tokens == 1 + len(draft_token_ids)`); the runner then
+    returns logits-verified tokens for all of its positions.
+    """
 
     request: Request
     start: int
     num_tokens: int
     block_ids: list[int]
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def sample(self) -> bool:
-        return self.start + self.num_tokens == self.request.num_tokens
+        return self.start + self.num_tokens == self.request.num_tokens + len(self.draft_token_ids)
+
+    @property
+    def num_logit_rows(self) -> int:
+        """Rows needing logits: 1 per sampled chunk, 1 + drafts if speculative."""
+        return (1 + len(self.draft_token_ids)) if self.sample else 0
+
+    def token_ids(self) -> list[int]:
+        if not self.draft_token_ids:
+            return self.request.token_slice(self.start, self.start + self.num_tokens)
+        return self.request.token_slice(self.start, self.request.num_tokens) + self.draft_token_ids
 
     @property
     def is_decode(self) -> bool:
@@ -47,6 +63,9 @@ class SampledToken:
 
 @dataclass
 class RunnerOutput:
-    """One sampled token per chunk with `sample` set, keyed by request id."""
+    """One sampled token per plain chunk with `sample` set, keyed by request
+    id; for a speculative chunk, `spec_sampled` holds the accepted drafts
+    followed by one target-sampled token (1 to 1 + k tokens)."""
 
     sampled: dict[str, SampledToken] = field(default_factory=dict)
+    spec_sampled: dict[str, list[SampledToken]] = field(default_factory=dict)

@@ -6,16 +6,22 @@ sequence limit and the KV pool allow. Prefill and decode are the same thing
 here: a request asks for `num_tokens - num_computed_tokens` more tokens.
 When the pool runs dry the most recently admitted running request is
 preempted (its blocks freed, its tokens to be recomputed later).
+
+Speculative decoding: a decoding request may carry draft tokens
+(`Request.spec_token_ids`); it is then scheduled for 1 + drafts tokens
+(drafts cut to fit the budget). After the step only verified tokens are
+appended, `num_computed_tokens` advances by 1 + accepted drafts, and blocks
+allocated for rejected drafts are freed (`KVCacheManager.rollback`).
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kiln.config import SchedulerConfig
 from kiln.llm.kv_cache.manager import KVCacheManager
 from kiln.llm.request import Request, RequestStatus
-from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
+from kiln.llm.scheduler.output import RunnerOutput, SampledToken, ScheduledChunk, SchedulerOutput
 from kiln.llm.scheduler.stopping import check_stop
 
 
@@ -31,6 +37,23 @@ class SchedulerStats:
     num_scheduled_tokens: int
 
 
+@dataclass
+class SpecStats:
+    """Running totals of speculative decoding."""
+
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_drafts:
+            self.accepted_per_position.extend([0] * (num_drafts - len(self.accepted_per_position)))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int):
         self.config = config
@@ -41,6 +64,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self._last_scheduled_tokens = 0
+        self.spec_stats = SpecStats()
 
     # ---- request lifecycle ------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -69,10 +93,11 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            drafts = self._take_drafts(request, budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget) + len(drafts)
             if self._make_room(request, num_new, scheduled, out):
                 budget -= num_new
-                scheduled[request.request_id] = self._chunk(request, num_new)
+                scheduled[request.request_id] = self._chunk(request, num_new, drafts)
             budget += self._reclaimed_budget
         if not out.preempted_ids:
             budget = self._admit_waiting(budget, scheduled)
@@ -80,6 +105,18 @@ class Scheduler:
         out.chunks = [scheduled[r.request_id] for r in self.running if r.request_id in scheduled]
         self._last_scheduled_tokens = out.num_tokens
         return out
+
+    def _take_drafts(self, request: Request, budget: int) -> list[int]:
+        """The request's drafts that this step may verify: only for a decode
+        (one token left to compute), within the budget and max_model_len."""
+        drafts = request.spec_token_ids
+        if not drafts:
+            return drafts
+        request.spec_token_ids = []
+        if request.num_computed_tokens != request.num_tokens - 1:
+            return []
+        room = min(budget - 1, self.max_model_len - request.num_tokens)
+        return drafts[: max(0, room)]
 
     def _make_room(self, request: Request, num_new: int, scheduled: dict, out: SchedulerOutput) -> bool:
         """Preempt from the back of `running` until `request` fits. False if
@@ -119,14 +156,18 @@ class Scheduler:
             budget -= num_new
         return budget
 
-    def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
-        return ScheduledChunk(request, request.num_computed_tokens, num_new, self.kv.block_ids(request.request_id))
+    def _chunk(self, request: Request, num_new: int, drafts: list[int] | None = None) -> ScheduledChunk:
+        block_ids = self.kv.block_ids(request.request_id)
+        if drafts:
+            return ScheduledChunk(request, request.num_computed_tokens, num_new, block_ids, drafts)
+        return ScheduledChunk(request, request.num_computed_tokens, num_new, block_ids)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
@@ -141,6 +182,10 @@ class Scheduler:
             request = chunk.request
             if request.is_finished:
                 continue  # aborted while the step ran
+            if chunk.draft_token_ids:
+                self._update_spec(chunk, result.spec_sampled[request.request_id])
+                touched.append(request)
+                continue
             request.num_computed_tokens += chunk.num_tokens
             sampled = result.sampled.get(request.request_id)
             if sampled is None:
@@ -152,12 +197,31 @@ class Scheduler:
             touched.append(request)
         return touched
 
+    def _update_spec(self, chunk: ScheduledChunk, tokens: list[SampledToken]) -> None:
+        """Append verified tokens one by one, stopping at the first stop
+        condition; `tokens` is trimmed in place to those appended."""
+        request = chunk.request
+        num_accepted = len(tokens) - 1
+        self.spec_stats.record(len(chunk.draft_token_ids), num_accepted)
+        # KV is valid for the fed last token and the accepted drafts only.
+        request.num_computed_tokens += 1 + num_accepted
+        for i, sampled in enumerate(tokens):
+            request.output_token_ids.append(sampled.token_id)
+            reason = check_stop(request, sampled.token_id, self.max_model_len)
+            if reason is not None:
+                del tokens[i + 1 :]
+                request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+                self._finish(request, reason)
+                return
+        self.kv.rollback(request)
+
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = status
+        request.spec_token_ids = []
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
 
