@@ -28,20 +28,20 @@ class TorchPagedAttention(AttentionBackend):
         kv_cache[0].index_copy_(0, meta.slot_mapping, k)
         kv_cache[1].index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
-        nd = meta.num_decodes
-        if nd:
-            out[:nd] = self._decode(q[:nd], kv_cache, meta)
+        for group in meta.decode_groups:
+            rows = slice(group.first_row, group.first_row + group.num_seqs)
+            out[rows] = self._decode(q[rows], kv_cache, group, meta.block_size)
         for seq in meta.prefills:
             rows = slice(seq.q_start, seq.q_start + seq.q_len)
             out[rows] = self._prefill(q[rows], k[rows], v[rows], kv_cache, seq, meta.block_size)
         return out
 
     @staticmethod
-    def _decode(q, kv_cache, meta):
-        keys = gather_blocks(kv_cache[0], meta.decode_block_tables, meta.block_size).transpose(1, 2)  # [B, KVH, L, D]
-        values = gather_blocks(kv_cache[1], meta.decode_block_tables, meta.block_size).transpose(1, 2)
+    def _decode(q, kv_cache, group, block_size):
+        keys = gather_blocks(kv_cache[0], group.block_tables, block_size).transpose(1, 2)  # [B, KVH, L, D]
+        values = gather_blocks(kv_cache[1], group.block_tables, block_size).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
+            q.unsqueeze(2), keys, values, attn_mask=group.mask, enable_gqa=True
         )  # [B, H, 1, D]
         return out.squeeze(2)
 
@@ -68,5 +68,7 @@ class TorchPagedAttention(AttentionBackend):
 
 def gather_blocks(pool: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
     """pool: [slots, KVH, D]; block_table: [..., nb] -> [..., nb * block_size, KVH, D]."""
-    blocks = pool.view(-1, block_size, *pool.shape[1:])[block_table]
-    return blocks.flatten(-4, -3)
+    blocks = pool.view(-1, block_size, *pool.shape[1:])
+    # index_select copies whole blocks; about twice as fast as advanced indexing.
+    picked = blocks.index_select(0, block_table.reshape(-1))
+    return picked.view(*block_table.shape[:-1], block_table.shape[-1] * block_size, *pool.shape[1:])

@@ -10,7 +10,8 @@ Token layout of a step's flattened batch (no padding between sequences):
 where token t's key/value are written before attention reads the pool.
 Contexts are read from the pool a whole block at a time: `block_tables`
 rows list a sequence's blocks (padded with block 0), and positions past a
-sequence's length are masked out.
+sequence's length are masked out. Decode rows are sorted by context length
+and split into groups, so padding stays small.
 """
 from __future__ import annotations
 
@@ -28,10 +29,19 @@ class PrefillSeq:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows [first_row, first_row + num_seqs), attended as one padded batch."""
+
+    first_row: int
+    num_seqs: int
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] long, padded with block 0
+    mask: torch.Tensor  # [num_seqs, 1, 1, max_blocks * bs] bool, True = attend
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long
     block_size: int
     num_decodes: int = 0
-    decode_block_tables: torch.Tensor | None = None  # [B, max_blocks] long, padded with 0
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_blocks * bs] bool, True = attend
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)

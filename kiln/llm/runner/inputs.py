@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
+from kiln.llm.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSeq
 from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.scheduler.output import ScheduledChunk
 
@@ -27,8 +27,14 @@ def is_decode_like(c: ScheduledChunk) -> bool:
     return c.num_tokens == 1 and c.start > 0
 
 
+# Decodes are attended in groups of similar context length, each padded only
+# to its own longest context: one padded batch over 1..600-token contexts
+# would gather and score about twice the keys it needs.
+DECODE_GROUP_SIZE = 16
+
+
 def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> ModelInputs:
-    decodes = [c for c in chunks if is_decode_like(c)]
+    decodes = sorted((c for c in chunks if is_decode_like(c)), key=lambda c: c.start)
     prefills = [c for c in chunks if not is_decode_like(c)]
     ids: list[int] = []
     positions: list[int] = []
@@ -53,13 +59,9 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
         return torch.tensor(values, dtype=torch.long, device=device)
 
     meta = AttentionMetadata(slot_mapping=tensor(slots), block_size=block_size, num_decodes=len(decodes))
-    if decodes:
-        lens = [c.start + 1 for c in decodes]
-        width = cdiv(max(lens), block_size)
-        tables = [c.block_ids[: cdiv(n, block_size)] for c, n in zip(decodes, lens)]
-        meta.decode_block_tables = tensor([t + [0] * (width - len(t)) for t in tables])
-        span = torch.arange(width * block_size, device=device)
-        meta.decode_mask = (span.unsqueeze(0) < tensor(lens).unsqueeze(1))[:, None, None, :]
+    for first in range(0, len(decodes), DECODE_GROUP_SIZE):
+        group = decodes[first : first + DECODE_GROUP_SIZE]
+        meta.decode_groups.append(_decode_group(first, group, block_size, tensor))
     row = len(decodes)
     for c in prefills:
         ctx_len = c.start + c.num_tokens
@@ -67,3 +69,13 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
         meta.prefills.append(PrefillSeq(row, c.num_tokens, ctx_len, table))
         row += c.num_tokens
     return ModelInputs(tensor(ids), tensor(positions), meta, tensor(sample_rows), sample_chunks, has_spec)
+
+
+def _decode_group(first_row: int, group: list[ScheduledChunk], block_size: int, tensor) -> DecodeGroup:
+    lens = [c.start + 1 for c in group]
+    width = cdiv(max(lens), block_size)
+    tables = [c.block_ids[: cdiv(n, block_size)] for c, n in zip(group, lens)]
+    block_tables = tensor([t + [0] * (width - len(t)) for t in tables])
+    span = torch.arange(width * block_size, device=block_tables.device)
+    mask = (span.unsqueeze(0) < tensor(lens).unsqueeze(1))[:, None, None, :]
+    return DecodeGroup(first_row, len(group), block_tables, mask)
