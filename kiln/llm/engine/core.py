@@ -53,7 +53,7 @@ class EngineCore:
         if self.runner.proposer is not None:
             self._propose()
         outputs = [self._output(r, result) for r in touched]
-        stats = self._stats(len(sched.chunks), time.perf_counter() - started)
+        stats = self.stats(len(sched.chunks), time.perf_counter() - started)
         return EngineCoreOutputs(outputs, stats)
 
     def _propose(self) -> None:
@@ -88,7 +88,9 @@ class EngineCore:
             num_preemptions=request.num_preemptions,
         )
 
-    def _stats(self, num_seqs: int, seconds: float) -> EngineStats:
+    def stats(self, num_seqs: int = 0, seconds: float = 0.0) -> EngineStats:
+        """Gauges and totals now; `num_seqs`/`seconds` describe the step just
+        run (zero outside a step, so nothing is counted twice)."""
         s = self.scheduler.stats()
         return EngineStats(
             num_running=s.num_running,
@@ -98,7 +100,7 @@ class EngineCore:
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
-            num_scheduled_tokens=s.num_scheduled_tokens,
+            num_scheduled_tokens=s.num_scheduled_tokens if num_seqs else 0,
             num_scheduled_seqs=num_seqs,
             step_seconds=seconds,
             spec_num_draft_tokens=self.scheduler.spec_stats.num_draft_tokens,

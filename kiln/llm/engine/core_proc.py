@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 import msgspec
 
 from kiln.config import EngineConfig
-from kiln.llm.engine.messages import EngineCoreOutputs, EngineCoreRequest, EngineStats
+from kiln.llm.engine.messages import EngineCoreOutputs, EngineCoreRequest
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class EngineLoop:
                 self.step()
             elif aborted:
                 # No step follows, so report the freed blocks now.
-                self.send(StepResult(EngineCoreOutputs([], snapshot_stats(self.core))))
+                self.send(StepResult(EngineCoreOutputs([], self.core.stats())))
 
     def handle(self, messages: list[ToEngine]) -> bool:
         """Apply inbox messages; True if any abort was applied."""
@@ -153,23 +153,6 @@ class EngineLoop:
         for rid in done:
             del self.unscheduled[rid]
         return done
-
-
-def snapshot_stats(core) -> EngineStats:
-    """The core's gauges outside a step (after aborts, when no step follows)."""
-    s = core.scheduler.stats()
-    return EngineStats(
-        num_running=s.num_running,
-        num_waiting=s.num_waiting,
-        kv_blocks_used=s.kv_blocks_used,
-        kv_blocks_total=s.kv_blocks_total,
-        prefix_cache_queries=s.prefix_cache_queries,
-        prefix_cache_hits=s.prefix_cache_hits,
-        num_preemptions=s.num_preemptions,
-        spec_num_draft_tokens=core.scheduler.spec_stats.num_draft_tokens,
-        spec_num_accepted_tokens=core.scheduler.spec_stats.num_accepted_tokens,
-        spec_accepted_per_position=list(core.scheduler.spec_stats.accepted_per_position),
-    )
 
 
 def ready_message(core, checkpoint) -> Ready:

@@ -35,6 +35,30 @@ def share_engine(model_name: str, engine, loop: asyncio.AbstractEventLoop) -> No
     _SHARED[model_name] = (engine, loop)
 
 
+def token_stream(request: InferRequest):
+    """For ModelStreamInfer with parameter `stream: true` on an `llm` model
+    that runs on a shared engine: an async iterator of InferResponses, one
+    per new piece of text (`text_output` holds the delta), else None."""
+    shared = _SHARED.get(request.model_name)
+    if shared is None or not request.parameters.get("stream"):
+        return None
+    prompt, params = _parse(request)
+    engine, _ = shared
+    return _stream(engine, request, prompt, params)
+
+
+async def _stream(engine, request: InferRequest, prompt: str, params):
+    from kiln.serving.types import InferResponse
+
+    request_id = f"kserve-stream-{request.model_name}-{id(request)}"
+    async for out in engine.generate(prompt, params, request_id):
+        if out.delta_text or out.finished:
+            yield InferResponse(
+                request.model_name, request.model_version or "1", _response(out.delta_text),
+                id=request.id, parameters={"triton_final_response": out.finished},
+            )
+
+
 def engine_options(parameters: dict[str, Any], version_dir: Path) -> dict[str, Any]:
     """Engine options from config parameters, with `model` resolved safely."""
     options = dict(parameters)

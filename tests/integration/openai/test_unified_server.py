@@ -83,3 +83,29 @@ def test_repo_validate_command(repository, capsys):
 
     assert main(["repo", "validate", str(repository)]) == 0
     assert "all models valid" in capsys.readouterr().out
+
+
+def test_llm_tokens_stream_over_grpc_model_stream_infer(server):
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    full = server.openai().completions.create(model="tiny", prompt="Hello there", max_tokens=8, temperature=0)
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"Hello there"]], dtype=object))
+    limit = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
+    limit.set_data_from_numpy(np.array([[8]], dtype=np.int32))
+    client.async_stream_infer("tiny", [text, limit], parameters={"stream": True})
+    pieces = []
+    while True:
+        result, error = responses.get(timeout=60)
+        assert error is None, error
+        pieces.append(result.as_numpy("text_output")[0].decode())
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    assert len(pieces) > 1  # streamed, not one blob
+    assert "".join(pieces) == full.choices[0].text

@@ -15,6 +15,7 @@ from google.protobuf import json_format
 from kiln.errors import InvalidRequestError, KilnError
 from kiln.frontends.kserve.grpc.codec import decode_request, encode_response, param_value
 from kiln.frontends.kserve.grpc.stubs import load_stubs
+from kiln.serving.backends.llm import token_stream
 from kiln.serving.dataplane import DataPlane
 
 log = logging.getLogger("kiln.kserve.grpc")
@@ -75,7 +76,12 @@ def make_servicer(dataplane: DataPlane):
 
             async def one(request):
                 try:
-                    await results.put(pb2.ModelStreamInferResponse(infer_response=await self._infer(request)))
+                    stream = token_stream(decode_request(request, dataplane.limits))
+                    if stream is None:
+                        await results.put(pb2.ModelStreamInferResponse(infer_response=await self._infer(request)))
+                        return
+                    async for response in stream:  # an LLM: one response per piece of text
+                        await results.put(pb2.ModelStreamInferResponse(infer_response=encode_response(pb2, response)))
                 except KilnError as exc:
                     await results.put(pb2.ModelStreamInferResponse(error_message=exc.message))
 
