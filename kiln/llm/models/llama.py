@@ -13,6 +13,7 @@ from torch import nn
 from kiln.errors import ModelLoadError
 from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
+from kiln.llm.layers.linear import Linear
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models.arch import LlamaArch
@@ -26,32 +27,32 @@ class LlamaAttention(nn.Module):
     def __init__(self, arch: LlamaArch, backend: AttentionBackend):
         super().__init__()
         self.arch = arch
-        self.qkv_proj = _weight(arch.q_size + 2 * arch.kv_size, arch.hidden_size)
-        self.o_proj = _weight(arch.hidden_size, arch.q_size)
+        self.qkv_proj = Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size)
+        self.o_proj = Linear(arch.q_size, arch.hidden_size)
         self.backend = backend
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata):
         a = self.arch
-        qkv = F.linear(x, self.qkv_proj)
+        qkv = self.qkv_proj(x)
         q, k, v = qkv.split([a.q_size, a.kv_size, a.kv_size], dim=-1)
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
         q, k = RotaryEmbedding.apply(q, k, *rope)
         out = self.backend.forward(q, k, v, kv_cache, meta)
-        return F.linear(out.reshape(-1, a.q_size), self.o_proj)
+        return self.o_proj(out.reshape(-1, a.q_size))
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, arch: LlamaArch):
         super().__init__()
         self.inter = arch.intermediate_size
-        self.gate_up_proj = _weight(2 * arch.intermediate_size, arch.hidden_size)
-        self.down_proj = _weight(arch.hidden_size, arch.intermediate_size)
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size)
+        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size)
 
     def forward(self, x):
-        gate, up = F.linear(x, self.gate_up_proj).split(self.inter, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj)
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaLayer(nn.Module):
@@ -105,11 +106,11 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             attn = [weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
-            self._copy(layer.self_attn.qkv_proj, torch.cat(attn), p + "self_attn.qkv", source)
-            self._copy(layer.self_attn.o_proj, weights[p + "self_attn.o_proj.weight"], p + "o_proj", source)
+            self._copy(layer.self_attn.qkv_proj.weight, torch.cat(attn), p + "self_attn.qkv", source)
+            self._copy(layer.self_attn.o_proj.weight, weights[p + "self_attn.o_proj.weight"], p + "o_proj", source)
             gate_up = torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
-            self._copy(layer.mlp.gate_up_proj, gate_up, p + "mlp.gate_up", source)
-            self._copy(layer.mlp.down_proj, weights[p + "mlp.down_proj.weight"], p + "mlp.down_proj", source)
+            self._copy(layer.mlp.gate_up_proj.weight, gate_up, p + "mlp.gate_up", source)
+            self._copy(layer.mlp.down_proj.weight, weights[p + "mlp.down_proj.weight"], p + "mlp.down_proj", source)
             self._copy(layer.input_layernorm.weight, weights[p + "input_layernorm.weight"], p + "input_layernorm", source)
             self._copy(
                 layer.post_attention_layernorm.weight,

@@ -1,0 +1,28 @@
+"""Linear layers: y = x @ W^T with W stored [out_features, in_features].
+
+Every projection in a model is a `Linear`, so the two things that change how
+a projection is stored and run plug in here and nowhere else:
+- tensor parallelism shards W by rows (column-parallel) or columns
+  (row-parallel) before it is loaded;
+- weight-only quantization replaces the float W by packed integers and a
+  matching kernel after it is loaded.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
