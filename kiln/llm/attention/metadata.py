@@ -2,16 +2,19 @@
 
 Token layout of a step's flattened batch (no padding between sequences):
 
-    [ d0 d1 ... d(B-1) | p0 p0 p0 ... | p1 p1 ... ]
-      one token per      prefill chunks, each a contiguous run
-      decode sequence
+    [ d0 d1 d1 d1 ... | p0 p0 p0 ... | p1 p1 ... ]
+      decode rows:      prefill chunks, each a contiguous run
+      one per token of
+      a short chunk
 
 `slot_mapping[t]` is the flat KV-pool slot (block_id * block_size + offset)
 where token t's key/value are written before attention reads the pool.
 Contexts are read from the pool a whole block at a time: `block_tables`
 rows list a sequence's blocks (padded with block 0), and positions past a
-sequence's length are masked out. Decode rows are sorted by context length
-and split into groups, so padding stays small.
+sequence's length are masked out. A decode row is one query token with its
+own context length (a verification chunk of 1 + k tokens gives k + 1 rows
+sharing one block table). Decode chunks are sorted by context length and
+their rows split into groups, so padding stays small.
 """
 from __future__ import annotations
 
@@ -30,11 +33,13 @@ class PrefillSeq:
 
 @dataclass
 class DecodeGroup:
-    """Decode rows [first_row, first_row + num_seqs), attended as one padded batch."""
+    """Decode rows [first_row, first_row + num_seqs), attended as one padded batch
+    (one row per query token; rows of one chunk share its block table)."""
 
     first_row: int
     num_seqs: int
     block_tables: torch.Tensor  # [num_seqs, max_blocks] long, padded with block 0
+    context_lens: torch.Tensor  # [num_seqs] long, tokens each row attends to
     mask: torch.Tensor  # [num_seqs, 1, 1, max_blocks * bs] bool, True = attend
 
 

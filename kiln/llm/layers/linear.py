@@ -13,6 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.llm.kernels.ops import skinny_linear
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight^T; few rows (decode, verification) take the skinny kernel."""
+    y = skinny_linear(x, weight)
+    return F.linear(x, weight) if y is None else y
+
 
 class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int):
@@ -22,7 +30,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return linear(x, self.weight)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

@@ -13,7 +13,7 @@ from torch import nn
 from kiln.errors import ModelLoadError
 from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
-from kiln.llm.layers.linear import Linear
+from kiln.llm.layers.linear import Linear, linear
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models.arch import LlamaArch
@@ -88,7 +88,7 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return linear(hidden, self.lm_head).float()
 
     # ---- weights ----------------------------------------------------------
     def load_weights(self, weights: dict[str, torch.Tensor], source: str = "") -> None:

@@ -22,14 +22,21 @@ class ModelInputs:
     has_spec: bool = False
 
 
+# Chunks of at most this many new tokens on top of cached context (decodes,
+# speculative verification, short prefill tails) are attended row by row:
+# every row is one query with its own context length, so they batch with
+# the decodes instead of costing one attention call per sequence.
+MAX_DECODE_LIKE_TOKENS = 17
+
+
 def is_decode_like(c: ScheduledChunk) -> bool:
-    """One new token on top of cached context: batched with the decodes."""
-    return c.num_tokens == 1 and c.start > 0
+    return c.start > 0 and c.num_tokens <= MAX_DECODE_LIKE_TOKENS
 
 
-# Decodes are attended in groups of similar context length, each padded only
-# to its own longest context: one padded batch over 1..600-token contexts
-# would gather and score about twice the keys it needs.
+# Decode rows are attended in groups of similar context length, each padded
+# only to its own longest context (the torch path pads; Kiln's CPU kernel
+# reads exactly each row's context): one padded batch over 1..600-token
+# contexts would gather and score about twice the keys it needs.
 DECODE_GROUP_SIZE = 16
 
 
@@ -58,11 +65,13 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
     def tensor(values):
         return torch.tensor(values, dtype=torch.long, device=device)
 
-    meta = AttentionMetadata(slot_mapping=tensor(slots), block_size=block_size, num_decodes=len(decodes))
-    for first in range(0, len(decodes), DECODE_GROUP_SIZE):
-        group = decodes[first : first + DECODE_GROUP_SIZE]
+    # (block ids, context length) per decode row, in row order.
+    rows = [(c.block_ids, c.start + i + 1) for c in decodes for i in range(c.num_tokens)]
+    meta = AttentionMetadata(slot_mapping=tensor(slots), block_size=block_size, num_decodes=len(rows))
+    for first in range(0, len(rows), DECODE_GROUP_SIZE):
+        group = rows[first : first + DECODE_GROUP_SIZE]
         meta.decode_groups.append(_decode_group(first, group, block_size, tensor))
-    row = len(decodes)
+    row = len(rows)
     for c in prefills:
         ctx_len = c.start + c.num_tokens
         table = None if c.start == 0 else tensor(c.block_ids[: cdiv(ctx_len, block_size)])
@@ -71,11 +80,12 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
     return ModelInputs(tensor(ids), tensor(positions), meta, tensor(sample_rows), sample_chunks, has_spec)
 
 
-def _decode_group(first_row: int, group: list[ScheduledChunk], block_size: int, tensor) -> DecodeGroup:
-    lens = [c.start + 1 for c in group]
+def _decode_group(first_row: int, rows: list[tuple[list[int], int]], block_size: int, tensor) -> DecodeGroup:
+    lens = [n for _, n in rows]
     width = cdiv(max(lens), block_size)
-    tables = [c.block_ids[: cdiv(n, block_size)] for c, n in zip(group, lens)]
+    tables = [block_ids[: cdiv(n, block_size)] for block_ids, n in rows]
     block_tables = tensor([t + [0] * (width - len(t)) for t in tables])
     span = torch.arange(width * block_size, device=block_tables.device)
-    mask = (span.unsqueeze(0) < tensor(lens).unsqueeze(1))[:, None, None, :]
-    return DecodeGroup(first_row, len(group), block_tables, mask)
+    context_lens = tensor(lens)
+    mask = (span.unsqueeze(0) < context_lens.unsqueeze(1))[:, None, None, :]
+    return DecodeGroup(first_row, len(rows), block_tables, context_lens, mask)

@@ -1,0 +1,1 @@
+"""Kiln's hand-written CPU kernels, built at install time (see build.py)."""

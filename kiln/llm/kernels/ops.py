@@ -1,0 +1,69 @@
+"""Loads the kernel library once and exposes its ops, or None when absent.
+
+Absent means Kiln was installed without a compiler or on a CPU without
+AVX2/FMA; callers then use PyTorch's kernels (same results within float
+rounding).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from kiln.llm.kernels.build import LIBRARY, cpu_supported
+
+log = logging.getLogger(__name__)
+
+# Up to this many rows the skinny kernel beats BLAS on this class of CPU
+# (bench/skinny_linear.py measures the crossover).
+SKINNY_MAX_ROWS = 64
+
+
+@functools.cache
+def kernels_loaded() -> bool:
+    if not (LIBRARY.exists() and cpu_supported()):
+        log.info("kiln kernels not built (%s); using PyTorch kernels", LIBRARY.name)
+        return False
+    torch.ops.load_library(str(LIBRARY))
+    return True
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x [M, K] @ weight[N, K]^T with the skinny kernel, or None when it does
+    not apply (library absent, not fp32 CPU, or too many rows)."""
+    if (
+        x.dim() != 2
+        or x.shape[0] > SKINNY_MAX_ROWS
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or x.device.type != "cpu"
+        or not weight.is_contiguous()
+        or not kernels_loaded()
+    ):
+        return None
+    return torch.ops.kiln.skinny_linear(x, weight)
+
+
+def paged_decode_attention(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, block_size: int,
+) -> torch.Tensor | None:
+    """Decode attention read in place from the paged pool (q [B, H, D],
+    pools [slots, KVH, D]) -> [B, H, D], or None when the kernel does not
+    apply (library absent, not fp32 CPU, head_dim not a multiple of 8, or
+    more than 16 query heads per kv head)."""
+    heads, kv_heads, head_dim = q.shape[1], k_pool.shape[1], q.shape[2]
+    if (
+        q.dtype != torch.float32
+        or k_pool.dtype != torch.float32
+        or q.device.type != "cpu"
+        or head_dim % 8
+        or heads % kv_heads
+        or heads // kv_heads > 16
+        or not kernels_loaded()
+    ):
+        return None
+    return torch.ops.kiln.paged_decode_attention(
+        q, k_pool, v_pool, block_tables, context_lens, block_size, head_dim**-0.5
+    )

@@ -1,0 +1,132 @@
+// Paged decode attention for CPU (fp32): one query token per sequence,
+// keys and values read in place from the paged pool through block tables.
+//
+// The torch reference gathers every context into a padded batch before
+// SDPA, so each key is read, written and read again. Here each
+// (sequence, kv head) pair streams its keys once for all query heads of its
+// GQA group, then its values once: the pool is read exactly once per layer.
+// Work per pair depends only on that sequence, so results do not depend on
+// what else is in the batch.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <vector>
+
+namespace {
+
+constexpr int kMaxGroup = 16;  // query heads per kv head
+
+// exp for x <= 0 (softmax inputs after subtracting the max); Cephes-style
+// polynomial, relative error about 2e-7.
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+}
+
+// Softmax of s[0..n) in place; returns nothing, s holds probabilities.
+void softmax(float* s, int64_t n) {
+  float mx = s[0];
+  for (int64_t t = 1; t < n; ++t) mx = std::max(mx, s[t]);
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 vsum = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), vmx));
+    _mm256_storeu_ps(s + t, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  float sum = hsum(vsum);
+  if (t < n) {  // tail through the same polynomial, padded with -inf-like values
+    alignas(32) float buf[8];
+    for (int i = 0; i < 8; ++i) buf[i] = t + i < n ? s[t + i] - mx : -87.0f;
+    _mm256_store_ps(buf, exp_nonpositive(_mm256_load_ps(buf)));
+    for (int64_t i = 0; t + i < n; ++i) { s[t + i] = buf[i]; sum += buf[i]; }
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) s[i] *= inv;
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens,
+                                  int64_t block_size, double scale) {
+  TORCH_CHECK(q_in.dim() == 3 && k_pool.dim() == 3 && v_pool.sizes() == k_pool.sizes(), "paged_decode_attention: shapes");
+  TORCH_CHECK(q_in.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kFloat, "paged_decode_attention: float32 only");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "paged_decode_attention: contiguous pool required");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong, "int64 tables");
+  const at::Tensor q = q_in.contiguous();
+  const at::Tensor tables = block_tables.contiguous();
+  const at::Tensor lens = context_lens.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pool.size(1), W = tables.size(1);
+  TORCH_CHECK(k_pool.size(2) == D && D % 8 == 0 && H % KVH == 0 && H / KVH <= kMaxGroup, "paged_decode_attention: head layout");
+  const int64_t G = H / KVH;
+  at::Tensor out = at::empty({B, H, D}, q.options());
+  const float* qp = q.const_data_ptr<float>();
+  const float* kp = k_pool.const_data_ptr<float>();
+  const float* vp = v_pool.const_data_ptr<float>();
+  const int64_t* tp = tables.const_data_ptr<int64_t>();
+  const int64_t* lp = lens.const_data_ptr<int64_t>();
+  float* op = out.mutable_data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc(G * D);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / KVH, g = i % KVH, ctx = lp[b];
+      const float* qg = qp + (b * H + g * G) * D;  // G query heads, contiguous
+      scores.resize(G * ctx);
+      for (int64_t t = 0; t < ctx; ++t) {
+        const int64_t slot = tp[b * W + t / block_size] * block_size + t % block_size;
+        const float* key = kp + (slot * KVH + g) * D;
+        __m256 dots[kMaxGroup];
+        for (int64_t j = 0; j < G; ++j) dots[j] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+          const __m256 kv = _mm256_loadu_ps(key + d);
+          for (int64_t j = 0; j < G; ++j) dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), kv, dots[j]);
+        }
+        for (int64_t j = 0; j < G; ++j) scores[j * ctx + t] = hsum(dots[j]) * fscale;
+      }
+      for (int64_t j = 0; j < G; ++j) softmax(scores.data() + j * ctx, ctx);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t t = 0; t < ctx; ++t) {
+        const int64_t slot = tp[b * W + t / block_size] * block_size + t % block_size;
+        const float* value = vp + (slot * KVH + g) * D;
+        for (int64_t d = 0; d < D; d += 8) {
+          const __m256 vv = _mm256_loadu_ps(value + d);
+          for (int64_t j = 0; j < G; ++j) {
+            float* a = acc.data() + j * D + d;
+            _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(scores[j * ctx + t]), vv, _mm256_loadu_ps(a)));
+          }
+        }
+      }
+      for (int64_t j = 0; j < G; ++j) std::copy_n(acc.data() + j * D, D, op + (b * H + g * G + j) * D);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kiln, m) {
+  m.def("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor context_lens, "
+        "int block_size, float scale) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("paged_decode_attention", paged_decode_attention); }
