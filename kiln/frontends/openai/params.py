@@ -56,4 +56,5 @@ def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | Non
         logprobs=logprobs,
         logit_bias=parse_logit_bias(req.logit_bias),
         include_stop_str_in_output=req.include_stop_str_in_output,
+        speculate=req.speculate,
     )

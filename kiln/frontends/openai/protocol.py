@@ -45,6 +45,8 @@ class SamplingFields(Strict):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     priority: int = 0
+    # Kiln extra: false opts this request out of speculative decoding
+    speculate: bool = True
 
 
 class CompletionRequest(SamplingFields):

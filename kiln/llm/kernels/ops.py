@@ -2,12 +2,13 @@
 
 Absent means Kiln was installed without a compiler or on a CPU without
 AVX2/FMA; callers then use PyTorch's kernels (same results within float
-rounding).
+rounding). `KILN_KERNELS=0` in the environment turns them off (A/B runs).
 """
 from __future__ import annotations
 
 import functools
 import logging
+import os
 
 import torch
 
@@ -22,6 +23,8 @@ SKINNY_MAX_ROWS = 64
 
 @functools.cache
 def kernels_loaded() -> bool:
+    if os.environ.get("KILN_KERNELS", "1") == "0":
+        return False
     if not (LIBRARY.exists() and cpu_supported()):
         log.info("kiln kernels not built (%s); using PyTorch kernels", LIBRARY.name)
         return False

@@ -43,6 +43,7 @@ def test_sampling_params_mapping_and_per_choice_seed():
             "logit_bias": {"42": -100},
             "min_tokens": 3,
             "ignore_eos": True,
+            "speculate": False,
         },
     )
     p0 = sampling_params(req, max_tokens=8, logprobs=None, choice=0)
@@ -50,11 +51,12 @@ def test_sampling_params_mapping_and_per_choice_seed():
     assert (p0.temperature, p0.top_k, p0.stop, p0.logit_bias) == (0.5, 0, ["END"], {42: -100.0})
     assert (p0.min_tokens, p0.ignore_eos, p0.max_tokens) == (3, True, 8)
     assert (p0.seed, p2.seed) == (10, 12)
+    assert p0.speculate is False
 
 
 def test_defaults_when_fields_are_absent():
     p = sampling_params(parse(CompletionRequest, {"prompt": "x"}), max_tokens=4, logprobs=None, choice=0)
-    assert (p.temperature, p.top_p, p.repetition_penalty, p.seed) == (1.0, 1.0, 1.0, None)
+    assert (p.temperature, p.top_p, p.repetition_penalty, p.seed, p.speculate) == (1.0, 1.0, 1.0, None, True)
 
 
 @pytest.mark.parametrize(
