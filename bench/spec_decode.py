@@ -78,6 +78,9 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=6)
     ap.add_argument("--draft-model", default=None)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the server's engine default on 2 cores)")
+    ap.add_argument("--methods", nargs="+", default=["off", "ngram", "draft"], choices=["off", "ngram", "draft"])
+    ap.add_argument("--max-batch-for-speculation", type=int, default=None,
+                    help="default: the engine's own switch-off rule (SpecConfig)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     methods = {
@@ -86,9 +89,11 @@ def main() -> None:
         "draft": dict(spec_method="draft", num_speculative_tokens=args.k, draft_num_layers=args.draft_layers,
                       draft_model=args.draft_model),
     }
+    switch = {} if args.max_batch_for_speculation is None else {"max_batch_for_speculation": args.max_batch_for_speculation}
     rows = []
-    for name, options in methods.items():
-        llm = LLM(args.model, kv_cache_memory_gib=0.5, max_batch_for_speculation=64, **options) if options else LLM(
+    for name in args.methods:
+        options = methods[name]
+        llm = LLM(args.model, kv_cache_memory_gib=0.5, **switch, **options) if options else LLM(
             args.model, kv_cache_memory_gib=0.5)
         workloads = {"grounded": grounded_prompts(llm.tokenizer, max(args.batches)),
                      "open": open_prompts(llm.tokenizer, max(args.batches))}
