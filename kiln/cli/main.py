@@ -17,11 +17,11 @@ import types
 import typing
 from typing import Any
 
-from kiln.config import CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
+from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpecConfig
 from kiln.errors import KilnError
 from kiln.frontends.settings import ServerSettings
 
-ENGINE_SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, SpecConfig)
+ENGINE_SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, SpecConfig, ParallelConfig)
 
 
 def _flag_type(hint: Any) -> type:

@@ -1,0 +1,78 @@
+"""Read one rank's slices of a checkpoint's tensors.
+
+`read(name, dim, start, end)` returns an owned copy of rows/columns
+[start, end) along `dim`, so a rank never keeps a view into a whole tensor.
+For safetensors the slice is read straight from the memory-mapped file
+(`safe_open(...).get_slice`), so a worker never materialises the full model;
+other formats (GGUF: dequantized on load) go through the Checkpoint dict.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from kiln.errors import ModelLoadError
+from kiln.llm.models.checkpoint import expected_weight_shapes
+from kiln.llm.models.arch import LlamaArch
+
+
+class WeightReader(Protocol):
+    def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor: ...
+
+
+class DictReader:
+    """Slices of an already-loaded Checkpoint's weights."""
+
+    def __init__(self, weights: dict[str, torch.Tensor]):
+        self.weights = weights
+
+    def read(self, name, dim=None, start=0, end=None):
+        tensor = self.weights[name]
+        if dim is not None:
+            tensor = tensor.narrow(dim, start, (end if end is not None else tensor.shape[dim]) - start)
+        return tensor.clone()
+
+
+class SafetensorsReader:
+    """Lazy slices from a HF directory's *.safetensors files (mmapped, per tensor)."""
+
+    def __init__(self, directory: Path, arch: LlamaArch):
+        from safetensors import safe_open
+
+        from kiln.llm.models.hf_loader import _safetensors_files  # the same file discovery as a full load
+
+        self.files = {}
+        self.where: dict[str, object] = {}
+        for file in _safetensors_files(directory):
+            handle = safe_open(str(file), framework="pt")
+            self.files[file] = handle
+            for name in handle.keys():
+                self.where[name] = handle
+        self.tied = arch.tie_word_embeddings
+        missing = sorted(expected_weight_shapes(arch).keys() - self.where.keys())
+        if missing:
+            raise ModelLoadError(f"{directory}: missing weights {missing[:5]}")
+
+    def read(self, name, dim=None, start=0, end=None):
+        sliced = self.where[name].get_slice(name)
+        if dim is None:
+            return sliced[:].clone()
+        index = [slice(None)] * len(sliced.get_shape())
+        index[dim] = slice(start, end)
+        return sliced[tuple(index)].clone()
+
+
+def open_weights(model_path: str) -> tuple[LlamaArch, WeightReader, str]:
+    """(arch, reader, tokenizer path) for a worker: lazy for a HF directory,
+    a full load (then sliced) for GGUF."""
+    from kiln.llm.models.checkpoint import load_checkpoint
+    from kiln.llm.models.hf_loader import load_hf_arch
+
+    path = Path(model_path)
+    if path.is_dir() and (path / "config.json").is_file():
+        arch = load_hf_arch(path)
+        return arch, SafetensorsReader(path, arch), str(path)
+    checkpoint = load_checkpoint(path)
+    return checkpoint.arch, DictReader(checkpoint.weights), checkpoint.tokenizer_path
