@@ -64,6 +64,7 @@ class Ready(msgspec.Struct, tag="ready"):
     num_blocks: int
     block_size: int
     pid: int
+    worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
 
 
 class StepResult(msgspec.Struct, tag="step"):
@@ -165,6 +166,7 @@ def ready_message(core, checkpoint) -> Ready:
         num_blocks=core.kv.pool.num_blocks,
         block_size=core.config.cache.block_size,
         pid=os.getpid(),
+        worker_pids=list(getattr(core.runner, "worker_pids", [])),
     )
 
 

@@ -28,7 +28,17 @@ import torch
 from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, KilnError, ModelLoadError
 from kiln.llm.models.checkpoint import Checkpoint
-from kiln.llm.parallel.plan import Heartbeat, PlanChunk, StepPlan, Stop, WorkerInit, broadcast_plan, split_micro_batches
+from kiln.llm.parallel.plan import (
+    Heartbeat,
+    PlanChunk,
+    ReportWeights,
+    StepPlan,
+    Stop,
+    WorkerInit,
+    broadcast_plan,
+    gather_weight_bytes,
+    split_micro_batches,
+)
 from kiln.llm.parallel.shard_builder import build_stage
 from kiln.llm.parallel.state import join_world, make_tp_groups, shutdown_distributed
 from kiln.llm.parallel.weights import DictReader
@@ -201,6 +211,19 @@ class ParallelRunner:
     def logits_for(self, sched: SchedulerOutput) -> torch.Tensor:
         """Test hook: logits for every fed token (micro-batch order)."""
         return torch.cat([r.logits for r in self._run(self.plan(sched, all_logits=True))])
+
+    def resident_weight_bytes(self) -> list[int]:
+        """Bytes of parameter storage each rank actually holds, by rank."""
+        self.check_health()
+        self._broadcast(ReportWeights())
+        try:
+            return gather_weight_bytes(self.model)
+        except Exception as e:
+            self._fail(e)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self.workers.procs] if self.workers else []
 
     # ---- shutdown ----------------------------------------------------------------
     def shutdown(self) -> None:

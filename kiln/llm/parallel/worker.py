@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from kiln.llm.parallel.plan import Heartbeat, Stop, StepPlan, WorkerInit, receive_plan
+from kiln.llm.parallel.plan import Heartbeat, ReportWeights, Stop, StepPlan, WorkerInit, gather_weight_bytes, receive_plan
 from kiln.llm.parallel.state import join_world, make_tp_groups, shutdown_distributed
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ def run_worker(rank: int, world_size: int, init_method: str, device: str, timeou
             plan = receive_plan()
             if isinstance(plan, StepPlan):
                 stage.run(plan)
+            elif isinstance(plan, ReportWeights):
+                gather_weight_bytes(stage.model)
             elif isinstance(plan, Stop):
                 return 0
             elif not isinstance(plan, Heartbeat):
