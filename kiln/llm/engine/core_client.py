@@ -146,6 +146,7 @@ class ProcessEngineClient(EngineCoreClient):
                 on_result(msg)
             elif isinstance(msg, Failed):
                 self._report_dead(msg.message)
+                self._exit_code()  # the engine exits after Failed: reap it (no zombie)
                 return
 
     def _write_loop(self) -> None:
