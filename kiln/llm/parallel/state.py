@@ -1,14 +1,17 @@
 """This rank's place in the world, its process groups, and the collectives
 the model calls (all no-ops when there is one rank).
 
-`init_distributed` joins the torchrun-style group (env:// rendezvous:
-MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK). gloo on CPU, NCCL on CUDA.
-Every rank creates every TP group in the same order (a torch.distributed rule).
+`join_world` joins the group (env:// rendezvous from the torchrun-style
+MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK; or tcp:// for spawned workers);
+gloo on CPU, NCCL (+ gloo for CPU-side plans) on CUDA. `make_tp_groups`
+then creates every TP group on every rank, in the same order (a
+torch.distributed rule).
 """
 from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -19,12 +22,25 @@ from kiln.errors import ConfigError
 
 
 @dataclass
+class CommStats:
+    """Counters of this rank's TP collectives (off unless a benchmark sets them)."""
+
+    all_reduces: int = 0
+    all_reduce_bytes: int = 0
+    all_reduce_s: float = 0.0
+    gathers: int = 0
+    gather_bytes: int = 0
+    gather_s: float = 0.0
+
+
+@dataclass
 class ParallelState:
     rank: int = 0
     tp_size: int = 1
     pp_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     tp_group: object | None = None  # ProcessGroup of this rank's stage; None when tp_size == 1
+    stats: CommStats | None = None  # set to count and time collectives (bench/parallel_overhead.py)
 
     @property
     def world_size(self) -> int:
@@ -58,7 +74,12 @@ class ParallelState:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over this stage's TP ranks (the one communication of a row-parallel layer)."""
         if self.tp_size > 1:
+            started = time.perf_counter() if self.stats else 0.0
             dist.all_reduce(x, group=self.tp_group)
+            if self.stats:
+                self.stats.all_reduces += 1
+                self.stats.all_reduce_bytes += x.numel() * x.element_size()
+                self.stats.all_reduce_s += time.perf_counter() - started
         return x
 
     def gather_vocab(self, local: torch.Tensor) -> torch.Tensor | None:
@@ -68,7 +89,12 @@ class ParallelState:
         local = local.contiguous()
         dst = self.global_rank(self.pp_rank, 0)
         parts = [torch.empty_like(local) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+        started = time.perf_counter() if self.stats else 0.0
         dist.gather(local, parts, dst=dst, group=self.tp_group)
+        if self.stats:
+            self.stats.gathers += 1
+            self.stats.gather_bytes += local.numel() * local.element_size() * self.tp_size
+            self.stats.gather_s += time.perf_counter() - started
         return torch.cat(parts, dim=-1) if parts is not None else None
 
 
