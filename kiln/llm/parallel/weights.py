@@ -3,8 +3,10 @@
 `read(name, dim, start, end)` returns an owned copy of rows/columns
 [start, end) along `dim`, so a rank never keeps a view into a whole tensor.
 For safetensors the slice is read straight from the memory-mapped file
-(`safe_open(...).get_slice`), so a worker never materialises the full model;
-other formats (GGUF: dequantized on load) go through the Checkpoint dict.
+(`safe_open(...).get_slice`); for GGUF one tensor at a time is dequantized
+and sliced. Either way a worker never materialises the full model: its peak
+is its shard plus one whole tensor. The driver slices the Checkpoint dict it
+already holds (`DictReader`).
 """
 from __future__ import annotations
 
@@ -64,15 +66,45 @@ class SafetensorsReader:
         return sliced[tuple(index)].clone()
 
 
-def open_weights(model_path: str) -> tuple[LlamaArch, WeightReader, str]:
-    """(arch, reader, tokenizer path) for a worker: lazy for a HF directory,
-    a full load (then sliced) for GGUF."""
-    from kiln.llm.models.checkpoint import load_checkpoint
+class GGUFWeightReader:
+    """Lazy slices of a .gguf file: dequantizes only the tensor asked for."""
+
+    def __init__(self, path: Path):
+        from kiln.llm.models import gguf_loader as g
+
+        self.g, self.path = g, path
+        reader = g.open_gguf(path)
+        try:
+            self.arch = g._read_arch(reader, path)
+            self.tensors = {g._hf_name(t.name, path): t for t in reader.tensors}
+        except g._CORRUPT_ERRORS as e:
+            raise ModelLoadError(f"corrupt GGUF file {path}: {e or type(e).__name__}") from e
+        self.shapes = expected_weight_shapes(self.arch)
+        missing = sorted(self.shapes.keys() - self.tensors.keys())
+        if missing:
+            raise ModelLoadError(f"{path}: missing weights {missing[:5]}")
+
+    def read(self, name, dim=None, start=0, end=None):
+        array = self.g._dequantize(self.tensors[name], self.path)
+        if array.shape != self.shapes[name]:
+            raise ModelLoadError(f"tensor {name} in {self.path} has shape {array.shape}, expected {self.shapes[name]}")
+        tensor = torch.from_numpy(self.g._unpermute_if_qk(name, array, self.arch))
+        if dim is not None:
+            tensor = tensor.narrow(dim, start, (end if end is not None else tensor.shape[dim]) - start)
+        return tensor.contiguous().clone()
+
+
+def open_weights(model_path: str) -> tuple[LlamaArch, WeightReader]:
+    """(arch, lazy reader) for a worker: a HF directory's safetensors, or a GGUF file."""
+    from kiln.llm.models.checkpoint import _single_gguf_in
     from kiln.llm.models.hf_loader import load_hf_arch
 
     path = Path(model_path)
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {path}")
     if path.is_dir() and (path / "config.json").is_file():
         arch = load_hf_arch(path)
-        return arch, SafetensorsReader(path, arch), str(path)
-    checkpoint = load_checkpoint(path)
-    return checkpoint.arch, DictReader(checkpoint.weights), checkpoint.tokenizer_path
+        return arch, SafetensorsReader(path, arch)
+    gguf = path if path.is_file() else _single_gguf_in(path)
+    reader = GGUFWeightReader(gguf)
+    return reader.arch, reader

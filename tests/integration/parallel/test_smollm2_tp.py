@@ -37,3 +37,15 @@ def test_smollm2_tp2_matches_one_process(make_smollm2_engine, smollm2_tokenizer)
     assert len(per_rank) == 2
     for nbytes in per_rank:
         assert 0.4 * total < nbytes < 0.6 * total, (per_rank, total)
+
+
+def test_gguf_worker_reader_slices_match_the_full_load(smollm2_path, smollm2_checkpoint):
+    """Workers dequantize one GGUF tensor at a time; slices equal the full load's."""
+    from kiln.llm.parallel.weights import open_weights
+
+    arch, reader = open_weights(str(smollm2_path))
+    assert arch == smollm2_checkpoint.arch
+    for name in ("model.embed_tokens.weight", "model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight"):
+        full = smollm2_checkpoint.weights[name]
+        assert torch.equal(reader.read(name, 0, 2, 7), full[2:7])
+        assert torch.equal(reader.read(name, 1, 10, 20), full[:, 10:20])
