@@ -152,6 +152,13 @@ class EngineConfig:
                 "drop spec_method or use tensor_parallel_size=pipeline_parallel_size=1",
                 param="spec_method",
             )
+        # Weight-only quantization is a post-load transform of the single-process
+        # model; the sharded build does not apply it yet, so refuse rather than
+        # silently serve unquantized weights.
+        if self.parallel.world_size > 1 and getattr(self.model, "quantization", None) not in (None, "none"):
+            raise ConfigError(
+                "quantization is not supported with tensor or pipeline parallelism yet", param="quantization"
+            )
 
     @classmethod
     def from_flat(cls, **options: Any) -> "EngineConfig":

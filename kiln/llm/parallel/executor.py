@@ -27,7 +27,7 @@ import torch
 
 from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, KilnError, ModelLoadError
-from kiln.llm.models.checkpoint import Checkpoint
+from kiln.llm.models.arch import LlamaArch
 from kiln.llm.parallel.plan import (
     Heartbeat,
     PlanChunk,
@@ -41,7 +41,7 @@ from kiln.llm.parallel.plan import (
 )
 from kiln.llm.parallel.shard_builder import build_stage
 from kiln.llm.parallel.state import join_world, make_tp_groups, shutdown_distributed
-from kiln.llm.parallel.weights import DictReader
+from kiln.llm.parallel.weights import WeightReader
 from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.sampling.sampler import Sampler
 from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
@@ -104,7 +104,7 @@ class WorkerProcesses:
 class ParallelRunner:
     """ModelRunner's interface (execute, sampler, proposer, logits_for) over N x M ranks."""
 
-    def __init__(self, config: EngineConfig, checkpoint: Checkpoint, num_blocks: int, max_model_len: int):
+    def __init__(self, config: EngineConfig, arch: LlamaArch, reader: WeightReader, num_blocks: int, max_model_len: int):
         p = config.parallel
         self.config = config
         self.proposer = None  # speculative decoding is rejected with TP/PP (EngineConfig)
@@ -123,9 +123,7 @@ class ParallelRunner:
             self.state = join_world(0, p.world_size, init_method, config.model.device, p.dist_timeout_s)
             broadcast_plan(WorkerInit(config, num_blocks, max_model_len))
             make_tp_groups(self.state, p, p.dist_timeout_s)
-            self.stage = build_stage(
-                config, checkpoint.arch, DictReader(checkpoint.weights), self.state, num_blocks, max_model_len
-            )
+            self.stage = build_stage(config, arch, reader, self.state, num_blocks, max_model_len)
             failed = torch.zeros(1)
             torch.distributed.all_reduce(failed)
         except BaseException:

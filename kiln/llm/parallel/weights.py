@@ -94,8 +94,8 @@ class GGUFWeightReader:
         return tensor.contiguous().clone()
 
 
-def open_weights(model_path: str) -> tuple[LlamaArch, WeightReader]:
-    """(arch, lazy reader) for a worker: a HF directory's safetensors, or a GGUF file."""
+def open_weights(model_path: str) -> tuple[LlamaArch, WeightReader, str]:
+    """(arch, lazy reader, tokenizer path) of a HF directory (safetensors) or a GGUF file."""
     from kiln.llm.models.checkpoint import _single_gguf_in
     from kiln.llm.models.hf_loader import load_hf_arch
 
@@ -104,7 +104,9 @@ def open_weights(model_path: str) -> tuple[LlamaArch, WeightReader]:
         raise ModelLoadError(f"model path does not exist: {path}")
     if path.is_dir() and (path / "config.json").is_file():
         arch = load_hf_arch(path)
-        return arch, SafetensorsReader(path, arch)
+        return arch, SafetensorsReader(path, arch), str(path)
     gguf = path if path.is_file() else _single_gguf_in(path)
+    if gguf.suffix != ".gguf":
+        raise ModelLoadError(f"unsupported model file {gguf}: expected a .gguf file or a model directory")
     reader = GGUFWeightReader(gguf)
-    return reader.arch, reader
+    return reader.arch, reader, str(gguf)

@@ -39,7 +39,7 @@ def run_worker(rank: int, world_size: int, init_method: str, device: str, timeou
         failed = torch.zeros(1)
         stage = None
         try:
-            arch, reader = open_weights(config.model.model)
+            arch, reader, _ = open_weights(config.model.model)
             stage = build_stage(config, arch, reader, state, init.num_blocks, init.max_model_len)
             del reader
         except Exception:

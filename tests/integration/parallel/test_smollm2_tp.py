@@ -43,7 +43,7 @@ def test_gguf_worker_reader_slices_match_the_full_load(smollm2_path, smollm2_che
     """Workers dequantize one GGUF tensor at a time; slices equal the full load's."""
     from kiln.llm.parallel.weights import open_weights
 
-    arch, reader = open_weights(str(smollm2_path))
+    arch, reader, _ = open_weights(str(smollm2_path))
     assert arch == smollm2_checkpoint.arch
     for name in ("model.embed_tokens.weight", "model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight"):
         full = smollm2_checkpoint.weights[name]
