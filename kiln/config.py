@@ -97,12 +97,68 @@ class SpecConfig:
             raise ConfigError("max_batch_for_speculation must be positive", param="max_batch_for_speculation")
 
 
+WORKER_LAUNCHES = ("spawn", "env")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor and pipeline parallelism (one process per rank; see docs/scaling.md).
+
+    World size is `tensor_parallel_size * pipeline_parallel_size`; rank 0 is the
+    driver (scheduler, sampler, and the first TP rank of the first stage).
+    `worker_launch="spawn"` starts the other ranks on this machine (loopback);
+    `"env"` joins ranks started elsewhere with the torchrun-style environment
+    (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK; this process must be RANK 0).
+    torch.distributed backend: gloo on CPU, NCCL (plus gloo for plans) on CUDA.
+    """
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    worker_launch: str = "spawn"
+    num_micro_batches: int | None = None  # per step with PP; None = pipeline_parallel_size
+    dist_timeout_s: float = 300.0  # a collective that waits longer fails (backstop for hangs)
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+                raise ConfigError(f"{name} must be an integer in [1, 64], got {value!r}", param=name)
+        if self.worker_launch not in WORKER_LAUNCHES:
+            raise ConfigError(
+                f"worker_launch must be one of {WORKER_LAUNCHES}, got {self.worker_launch!r}", param="worker_launch"
+            )
+        if self.num_micro_batches is not None and not 1 <= self.num_micro_batches <= 256:
+            raise ConfigError("num_micro_batches must be in [1, 256]", param="num_micro_batches")
+        if not self.dist_timeout_s > 0:
+            raise ConfigError("dist_timeout_s must be positive", param="dist_timeout_s")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        if self.parallel.world_size > 1 and self.spec.spec_method is not None:
+            raise ConfigError(
+                "speculative decoding is not supported with tensor or pipeline parallelism yet; "
+                "drop spec_method or use tensor_parallel_size=pipeline_parallel_size=1",
+                param="spec_method",
+            )
+        # Weight-only quantization is a post-load transform of the single-process
+        # model; the sharded build does not apply it yet, so refuse rather than
+        # silently serve unquantized weights.
+        if self.parallel.world_size > 1 and getattr(self.model, "quantization", None) not in (None, "none"):
+            raise ConfigError(
+                "quantization is not supported with tensor or pipeline parallelism yet", param="quantization"
+            )
 
     @classmethod
     def from_flat(cls, **options: Any) -> "EngineConfig":
@@ -110,7 +166,13 @@ class EngineConfig:
 
         Each key must name a field of exactly one section; unknown keys raise.
         """
-        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "spec": SpecConfig}
+        sections = {
+            "model": ModelConfig,
+            "cache": CacheConfig,
+            "scheduler": SchedulerConfig,
+            "spec": SpecConfig,
+            "parallel": ParallelConfig,
+        }
         owners = {f.name: name for name, c in sections.items() for f in dataclasses.fields(c)}
         grouped: dict[str, dict[str, Any]] = {name: {} for name in sections}
         for key, value in options.items():

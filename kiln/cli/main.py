@@ -17,11 +17,11 @@ import types
 import typing
 from typing import Any
 
-from kiln.config import CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
+from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpecConfig
 from kiln.errors import KilnError
 from kiln.frontends.settings import ServerSettings
 
-ENGINE_SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, SpecConfig)
+ENGINE_SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, SpecConfig, ParallelConfig)
 
 
 def _flag_type(hint: Any) -> type:
@@ -119,10 +119,11 @@ def run_generate(args: argparse.Namespace, engine_names: list[str]) -> int:
 
     llm = LLM(args.model, **given(args, engine_names))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.sampling_seed)
-    if args.chat:
-        out = llm.chat([{"role": "user", "content": args.prompt}], params)
-    else:
-        out = llm.generate(args.prompt, params)[0]
+    with llm:  # stops parallel workers, if any
+        if args.chat:
+            out = llm.chat([{"role": "user", "content": args.prompt}], params)
+        else:
+            out = llm.generate(args.prompt, params)[0]
     print(out.outputs[0].text)
     return 0
 
@@ -150,6 +151,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     gen.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
 
+    worker = sub.add_parser(
+        "worker",
+        help="one tensor/pipeline-parallel rank (RANK >= 1) joining a driver started with --worker-launch env",
+        description="Reads MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK (torchrun-style); the model and "
+        "every engine option come from the driver.",
+    )
+    worker.add_argument("--device", default="cpu", help="cpu or cuda (must match the driver's)")
+    worker.add_argument("--dist-timeout-s", type=float, default=300.0)
+
     repo = sub.add_parser("repo", help="model repository tools")
     repo_sub = repo.add_subparsers(dest="repo_command", required=True)
     validate = repo_sub.add_parser("validate", help="check a model repository and print what is wrong")
@@ -170,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve(args, names["engine"], names["server"])
         if args.command == "generate":
             return run_generate(args, names["engine"])
+        if args.command == "worker":
+            from kiln.llm.parallel.worker import main as worker_main
+
+            return worker_main(["--device", args.device, "--dist-timeout-s", str(args.dist_timeout_s)])
         if args.command == "repo":
             from kiln.serving.cli import main_validate
 

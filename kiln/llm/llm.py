@@ -46,6 +46,16 @@ class LLM:
                 break
         return [finished[rid] for rid in ids]
 
+    def shutdown(self) -> None:
+        """Stop the worker processes of a tensor/pipeline-parallel engine."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None) -> RequestOutput:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return self.generate([ids], sampling_params)[0]

@@ -1,6 +1,7 @@
 """Builds an engine core from config: weights -> model -> KV pool -> core."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -75,7 +76,48 @@ def build_proposer(
     return DraftModelProposer(draft, num_blocks, config.cache.block_size, runner.device, runner.sampler)
 
 
+def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | None) -> tuple[EngineCore, Checkpoint]:
+    """Rank 0 of a TP x PP group: spawns/joins the other ranks (see kiln.llm.parallel).
+
+    Without a preloaded checkpoint the driver, like every worker, reads only
+    its own slices (lazily); the Checkpoint it returns carries no weights."""
+    from kiln.llm.parallel.executor import ParallelRunner
+    from kiln.llm.parallel.layout import check_splittable
+    from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
+    from kiln.llm.parallel.weights import DictReader, open_weights
+
+    started = time.perf_counter()
+    p = config.parallel
+    if config.model.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but CUDA is not available", param="device")
+    path = resolve_model_path(config)
+    if checkpoint is None:
+        arch, reader, tokenizer_path = open_weights(path)
+        checkpoint = Checkpoint(arch=arch, weights={}, tokenizer_path=tokenizer_path, source=path)
+    else:
+        reader = DictReader(checkpoint.weights)
+    check_splittable(checkpoint.arch, p.tensor_parallel_size, p.pipeline_parallel_size)
+    max_model_len = decide_max_model_len(checkpoint, config)
+    cache = config.cache
+    per_block = kv_bytes_per_block_per_rank(checkpoint.arch, config)
+    num_blocks = cache.num_blocks or max(1, int(cache.kv_cache_memory_gib * 2**30) // per_block)
+    max_model_len = min(max_model_len, num_blocks * cache.block_size)
+    # The model path travels to the workers in the config, resolved here.
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, model=path))
+    torch.manual_seed(config.model.seed)
+    runner = ParallelRunner(config, checkpoint.arch, reader, num_blocks, max_model_len)
+    core = EngineCore(config, runner, num_blocks, max_model_len)
+    log.info(
+        "parallel engine ready: %s, TP %d x PP %d, %d KV blocks, max_model_len %d, %.1fs",
+        checkpoint.source, p.tensor_parallel_size, p.pipeline_parallel_size,
+        num_blocks, max_model_len, time.perf_counter() - started,
+    )
+    return core, checkpoint
+
+
 def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None) -> tuple[EngineCore, Checkpoint]:
+    if config.parallel.world_size > 1:
+        return build_parallel_engine_core(config, checkpoint)
     started = time.perf_counter()
     checkpoint = checkpoint or load_checkpoint(resolve_model_path(config))
     torch.manual_seed(config.model.seed)

@@ -45,6 +45,14 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def check_health(self) -> None:
+        """Raise EngineDeadError if part of the engine (a parallel worker) is gone."""
+        self.runner.check_health()
+
+    def shutdown(self) -> None:
+        """Release what the runner holds outside this process (parallel workers)."""
+        self.runner.shutdown()
+
     def step(self) -> EngineCoreOutputs:
         started = time.perf_counter()
         sched = self.scheduler.schedule()

@@ -146,6 +146,7 @@ class ProcessEngineClient(EngineCoreClient):
                 on_result(msg)
             elif isinstance(msg, Failed):
                 self._report_dead(msg.message)
+                self._exit_code()  # the engine exits after Failed: reap it (no zombie)
                 return
 
     def _write_loop(self) -> None:
@@ -194,6 +195,7 @@ class ThreadEngineClient(EngineCoreClient):
         core, checkpoint = build_engine_core(self.config)
         self.info = ready_message(core, checkpoint)
         loop = EngineLoop(core, self._inbox, on_result, lambda: not self.closing)
+        self._core = core
         self._thread = threading.Thread(target=self._run, args=(loop,), name="kiln-engine-core", daemon=True)
         self._thread.start()
         return self.info
@@ -216,6 +218,8 @@ class ThreadEngineClient(EngineCoreClient):
         except Exception as e:
             log.exception("engine core thread failed")
             self._report_dead(f"{type(e).__name__}: {e}")
+        finally:
+            self._core.shutdown()
 
     def shutdown(self) -> None:
         self.closing = True

@@ -64,6 +64,7 @@ class Ready(msgspec.Struct, tag="ready"):
     num_blocks: int
     block_size: int
     pid: int
+    worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
 
 
 class StepResult(msgspec.Struct, tag="step"):
@@ -109,6 +110,7 @@ class EngineLoop:
 
     def run(self) -> None:
         while not self.stopped and self.alive():
+            self.core.check_health()  # a dead parallel worker ends the loop with EngineDeadError
             busy = self.core.has_unfinished()
             aborted = self.handle(self.inbox(0.0 if busy else IDLE_POLL_S))
             if self.stopped:
@@ -164,6 +166,7 @@ def ready_message(core, checkpoint) -> Ready:
         num_blocks=core.kv.pool.num_blocks,
         block_size=core.config.cache.block_size,
         pid=os.getpid(),
+        worker_pids=list(getattr(core.runner, "worker_pids", [])),
     )
 
 
@@ -214,6 +217,7 @@ def serve_engine(inbox_conn: Connection, outbox_conn: Connection) -> int:
     def send(msg: FromEngine) -> None:
         outbox_conn.send_bytes(encoder.encode(msg))
 
+    core = None
     try:
         config = msgspec.msgpack.decode(inbox_conn.recv_bytes(), type=EngineConfig)
         core, checkpoint = build_engine_core(config)
@@ -229,6 +233,9 @@ def serve_engine(inbox_conn: Connection, outbox_conn: Connection) -> int:
         except OSError:
             pass
         return 1
+    finally:
+        if core is not None:
+            core.shutdown()  # stops (or, after a failure, kills) parallel workers
 
 
 def main(argv: list[str] | None = None) -> int:

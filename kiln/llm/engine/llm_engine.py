@@ -44,6 +44,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
+    def shutdown(self) -> None:
+        """Stop parallel workers, if any (a single-process engine holds none)."""
+        self.core.shutdown()
+
     def step(self) -> list[RequestOutput]:
         core_out = self.core.step()
         self.last_stats = core_out.stats

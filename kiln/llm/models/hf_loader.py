@@ -24,11 +24,16 @@ _SUPPORTED_MODEL_TYPES = {"llama", "mistral"}
 _INDEX_FILE = "model.safetensors.index.json"
 
 
-def load_hf_dir(directory: Path) -> Checkpoint:
+def load_hf_arch(directory: Path) -> LlamaArch:
+    """The architecture of a HF directory, without reading its weights."""
     config_file = directory / "config.json"
     config = _read_json(config_file)
     _check_supported(config, config_file)
-    arch = arch_from_config(config, config_file, _generation_eos_ids(directory))
+    return arch_from_config(config, config_file, _generation_eos_ids(directory))
+
+
+def load_hf_dir(directory: Path) -> Checkpoint:
+    arch = load_hf_arch(directory)
     weights = _load_safetensors(directory)
     _drop_derived_weights(weights, arch)
     return Checkpoint(arch=arch, weights=weights, tokenizer_path=str(directory), source=str(directory))

@@ -23,24 +23,35 @@ def _weight(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
+def _no_reduce(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class LlamaAttention(nn.Module):
+    """Head counts and the output reduction are attributes, so a
+    tensor-parallel subclass (kiln.llm.parallel.model) can hold a subset of
+    the heads and sum its partial output across ranks."""
+
     def __init__(self, arch: LlamaArch, backend: AttentionBackend):
         super().__init__()
         self.arch = arch
+        self.num_heads, self.num_kv_heads = arch.num_heads, arch.num_kv_heads
         self.qkv_proj = Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size)
         self.o_proj = Linear(arch.q_size, arch.hidden_size)
         self.backend = backend
+        self.reduce = _no_reduce
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata):
-        a = self.arch
+        d = self.arch.head_dim
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([a.q_size, a.kv_size, a.kv_size], dim=-1)
-        q = q.view(-1, a.num_heads, a.head_dim)
-        k = k.view(-1, a.num_kv_heads, a.head_dim)
-        v = v.view(-1, a.num_kv_heads, a.head_dim)
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, d)
+        k = k.view(-1, self.num_kv_heads, d)
+        v = v.view(-1, self.num_kv_heads, d)
         q, k = RotaryEmbedding.apply(q, k, *rope)
         out = self.backend.forward(q, k, v, kv_cache, meta)
-        return self.o_proj(out.reshape(-1, a.q_size))
+        return self.reduce(self.o_proj(out.reshape(-1, q_size)))
 
 
 class LlamaMLP(nn.Module):
@@ -49,19 +60,20 @@ class LlamaMLP(nn.Module):
         self.inter = arch.intermediate_size
         self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size)
         self.down_proj = Linear(arch.intermediate_size, arch.hidden_size)
+        self.reduce = _no_reduce
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.reduce(self.down_proj(F.silu(gate) * up))
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, arch, backend):
+    def __init__(self, arch, backend, self_attn: LlamaAttention | None = None, mlp: LlamaMLP | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = LlamaAttention(arch, backend)
+        self.self_attn = self_attn or LlamaAttention(arch, backend)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = LlamaMLP(arch)
+        self.mlp = mlp or LlamaMLP(arch)
 
     def forward(self, x, rope, kv_cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)

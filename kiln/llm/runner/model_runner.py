@@ -35,6 +35,12 @@ class ModelRunner:
         self.sampler = Sampler(device, seed)
         self.proposer: Proposer | None = None  # set when speculative decoding is on
 
+    def check_health(self) -> None:
+        """Nothing outside this process to lose (see ParallelRunner)."""
+
+    def shutdown(self) -> None:
+        pass
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         inputs = build_inputs(sched.chunks, self.block_size, self.device)

@@ -1,0 +1,117 @@
+"""One rank's part of a Llama model: a pipeline stage's layers, each holding
+only this TP rank's heads and MLP columns.
+
+Built at shard size (never the full model first) and loaded slice by slice
+from a WeightReader. The first stage owns the embedding; the last stage owns
+the final norm and the LM head. `forward` takes token ids on the first stage
+and the previous stage's hidden states elsewhere.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kiln.llm.attention.backend import TorchPagedAttention
+from kiln.llm.attention.metadata import AttentionMetadata
+from kiln.llm.layers.norm import RMSNorm
+from kiln.llm.layers.rotary import RotaryEmbedding
+from kiln.llm.models.arch import LlamaArch
+from kiln.llm.models.llama import LlamaAttention, LlamaLayer, LlamaMLP
+from kiln.llm.parallel.layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from kiln.llm.parallel.layout import TensorSplit, stage_layers
+from kiln.llm.parallel.state import ParallelState
+from kiln.llm.parallel.weights import WeightReader
+
+
+class ShardedAttention(LlamaAttention):
+    def __init__(self, arch: LlamaArch, backend, split: TensorSplit, state: ParallelState):
+        nn.Module.__init__(self)
+        self.arch, self.backend = arch, backend
+        self.num_heads, self.num_kv_heads = split.num_heads, split.num_kv_heads
+        kv = split.kv_rows()
+        self.qkv_proj = ColumnParallelLinear(arch.hidden_size, [split.q_rows(), kv, kv])
+        self.o_proj = RowParallelLinear(split.q_rows(), arch.hidden_size)
+        self.reduce = state.all_reduce
+
+    def load(self, reader: WeightReader, prefix: str) -> None:
+        self.qkv_proj.load(reader, [f"{prefix}self_attn.{n}_proj.weight" for n in "qkv"])
+        self.o_proj.load(reader, f"{prefix}self_attn.o_proj.weight")
+
+
+class ShardedMLP(LlamaMLP):
+    def __init__(self, arch: LlamaArch, split: TensorSplit, state: ParallelState):
+        nn.Module.__init__(self)
+        cols = split.intermediate
+        self.inter = cols[1] - cols[0]
+        self.gate_up_proj = ColumnParallelLinear(arch.hidden_size, [cols, cols])
+        self.down_proj = RowParallelLinear(cols, arch.hidden_size)
+        self.reduce = state.all_reduce
+
+    def load(self, reader: WeightReader, prefix: str) -> None:
+        self.gate_up_proj.load(reader, [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
+        self.down_proj.load(reader, f"{prefix}mlp.down_proj.weight")
+
+
+class ShardedLlamaModel(nn.Module):
+    def __init__(self, arch: LlamaArch, max_positions: int, state: ParallelState):
+        super().__init__()
+        self.arch, self.state = arch, state
+        split = TensorSplit(arch, state.tp_rank, state.tp_size)
+        self.split = split
+        self.first_layer, last = stage_layers(arch.num_layers, state.pp_size, state.pp_rank)
+        backend = TorchPagedAttention()
+        self.rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
+        h, v = arch.hidden_size, arch.vocab_size
+        self.embed = VocabParallelEmbedding(split.vocab, v, h, state) if state.is_first_stage else None
+        self.layers = nn.ModuleList(
+            LlamaLayer(arch, backend, ShardedAttention(arch, backend, split, state), ShardedMLP(arch, split, state))
+            for _ in range(self.first_layer, last)
+        )
+        self.norm = self.lm_head = None
+        if state.is_last_stage:
+            self.norm = RMSNorm(h, arch.rms_norm_eps)
+            tied = self.embed if (arch.tie_word_embeddings and self.embed is not None) else None
+            self.lm_head = ParallelLMHead(split.vocab, v, h, tied_to=tied)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(p for p in self.parameters()).dtype
+
+    def load_weights(self, reader: WeightReader) -> None:
+        a = self.arch
+        if self.embed is not None:
+            self.embed.load(reader, "model.embed_tokens.weight")
+        for offset, layer in enumerate(self.layers):
+            p = f"model.layers.{self.first_layer + offset}."
+            layer.self_attn.load(reader, p)
+            layer.mlp.load(reader, p)
+            layer.input_layernorm.weight.data.copy_(reader.read(p + "input_layernorm.weight"))
+            layer.post_attention_layernorm.weight.data.copy_(reader.read(p + "post_attention_layernorm.weight"))
+        if self.lm_head is not None:
+            self.norm.weight.data.copy_(reader.read("model.norm.weight"))
+            name = "model.embed_tokens.weight" if a.tie_word_embeddings else "lm_head.weight"
+            self.lm_head.load(reader, name)
+
+    def forward(self, x: torch.Tensor, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata):
+        """x: token ids [T] on the first stage, hidden states [T, H] elsewhere.
+        Returns hidden states [T, H] (normed on the last stage)."""
+        if self.embed is not None:
+            x = self.embed(x)
+        rope = self.rotary.tables(positions)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, rope, kv_cache, meta)
+        return self.norm(x) if self.norm is not None else x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's vocabulary columns, float32 [rows, V / tp]."""
+        return self.lm_head(hidden)
+
+
+def resident_weight_bytes(module: nn.Module) -> int:
+    """Bytes of the distinct storages behind a module's parameters
+    (a tied weight counts once; a view counts its whole storage)."""
+    seen: dict[int, int] = {}
+    for t in module.parameters():
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
