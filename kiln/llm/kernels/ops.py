@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 # Up to this many rows the skinny kernel beats BLAS on this class of CPU
 # (bench/skinny_linear.py measures the crossover).
-SKINNY_MAX_ROWS = 64
+SKINNY_MAX_ROWS = 48
 
 
 @functools.cache

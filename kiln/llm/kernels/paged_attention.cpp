@@ -2,9 +2,9 @@
 // keys and values read in place from the paged pool through block tables.
 //
 // The torch reference gathers every context into a padded batch before
-// SDPA, so each key is read, written and read again. Here each
-// (sequence, kv head) pair streams its keys once for all query heads of its
-// GQA group, then its values once: the pool is read exactly once per layer.
+// SDPA, so each key is read, written and read again. Here each sequence
+// streams its keys once for all query heads (GQA groups share a key), then
+// its values once: the pool is read exactly once per layer.
 // Work per pair depends only on that sequence, so results do not depend on
 // what else is in the batch.
 #include <ATen/ATen.h>
@@ -87,37 +87,50 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   float* op = out.mutable_data_ptr<float>();
   const float fscale = static_cast<float>(scale);
 
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc(G * D);
+  // A work item is one sequence with all its kv heads: every slot it reads
+  // is one contiguous run of KVH * D floats, streamed in block order. With
+  // fewer sequences than threads, items are (sequence, kv head) instead.
+  const bool per_head = B < at::get_num_threads();
+  const int64_t heads_per_item = per_head ? 1 : KVH;
+  const int64_t items = per_head ? B * KVH : B;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc;
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / KVH, g = i % KVH, ctx = lp[b];
-      const float* qg = qp + (b * H + g * G) * D;  // G query heads, contiguous
-      scores.resize(G * ctx);
+      const int64_t b = per_head ? i / KVH : i, g0 = per_head ? i % KVH : 0, g1 = g0 + heads_per_item;
+      const int64_t ctx = lp[b], nh = heads_per_item * G;  // query heads of this item
+      const float* qi = qp + (b * H + g0 * G) * D;  // its query heads, contiguous
+      scores.resize(nh * ctx);
       for (int64_t t = 0; t < ctx; ++t) {
         const int64_t slot = tp[b * W + t / block_size] * block_size + t % block_size;
-        const float* key = kp + (slot * KVH + g) * D;
-        __m256 dots[kMaxGroup];
-        for (int64_t j = 0; j < G; ++j) dots[j] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) {
-          const __m256 kv = _mm256_loadu_ps(key + d);
-          for (int64_t j = 0; j < G; ++j) dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), kv, dots[j]);
+        for (int64_t g = g0; g < g1; ++g) {
+          const float* key = kp + (slot * KVH + g) * D;
+          const float* qg = qi + (g - g0) * G * D;
+          __m256 dots[kMaxGroup];
+          for (int64_t j = 0; j < G; ++j) dots[j] = _mm256_setzero_ps();
+          for (int64_t d = 0; d < D; d += 8) {
+            const __m256 kv = _mm256_loadu_ps(key + d);
+            for (int64_t j = 0; j < G; ++j) dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), kv, dots[j]);
+          }
+          for (int64_t j = 0; j < G; ++j) scores[((g - g0) * G + j) * ctx + t] = hsum(dots[j]) * fscale;
         }
-        for (int64_t j = 0; j < G; ++j) scores[j * ctx + t] = hsum(dots[j]) * fscale;
       }
-      for (int64_t j = 0; j < G; ++j) softmax(scores.data() + j * ctx, ctx);
-      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
+      acc.assign(nh * D, 0.0f);
       for (int64_t t = 0; t < ctx; ++t) {
         const int64_t slot = tp[b * W + t / block_size] * block_size + t % block_size;
-        const float* value = vp + (slot * KVH + g) * D;
-        for (int64_t d = 0; d < D; d += 8) {
-          const __m256 vv = _mm256_loadu_ps(value + d);
-          for (int64_t j = 0; j < G; ++j) {
-            float* a = acc.data() + j * D + d;
-            _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(scores[j * ctx + t]), vv, _mm256_loadu_ps(a)));
+        for (int64_t g = g0; g < g1; ++g) {
+          const float* value = vp + (slot * KVH + g) * D;
+          for (int64_t d = 0; d < D; d += 8) {
+            const __m256 vv = _mm256_loadu_ps(value + d);
+            for (int64_t j = 0; j < G; ++j) {
+              const int64_t h = (g - g0) * G + j;
+              float* a = acc.data() + h * D + d;
+              _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(scores[h * ctx + t]), vv, _mm256_loadu_ps(a)));
+            }
           }
         }
       }
-      for (int64_t j = 0; j < G; ++j) std::copy_n(acc.data() + j * D, D, op + (b * H + g * G + j) * D);
+      std::copy_n(acc.data(), nh * D, op + (b * H + g0 * G) * D);
     }
   });
   return out;
