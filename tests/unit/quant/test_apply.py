@@ -49,8 +49,8 @@ def test_every_linear_and_the_head_are_quantized(method, cls, rtol, tied):
     ref = logits(model)
     quantize_model(model, method, group_size=32)
     assert not any(isinstance(m, Linear) for m in model.modules())
-    assert sum(isinstance(m, cls) for m in model.modules()) == 4 * ARCH.num_layers + 1
-    assert isinstance(model.logits_head, cls)
+    assert sum(isinstance(m, cls) for m in model.modules()) == 4 * ARCH.num_layers + (cls is Int8Linear)
+    assert isinstance(model.logits_head, Int8Linear)  # the head is int8 in both modes
     assert model.embed_tokens.shape == (ARCH.vocab_size, ARCH.hidden_size)  # lookup table stays float
     if not tied:
         assert model.lm_head.numel() == 0  # the untied float head is released
@@ -66,9 +66,18 @@ def test_none_leaves_the_model_alone():
     assert sum(isinstance(m, Linear) for m in model.modules()) == 4 * ARCH.num_layers
 
 
+def test_int4_head_on_request_and_float_head():
+    model = random_model()
+    quantize_model(model, "int4", head_method="int4")
+    assert isinstance(model.logits_head, Int4Linear)
+    model = random_model()
+    quantize_model(model, "int8", head_method=None)
+    assert model.logits_head is None
+
+
 def test_int4_unsupported_shapes_stay_float():
     model = random_model()
-    quantize_model(model, "int4", group_size=128)  # hidden 64 is not a multiple of 128, intermediate 128 is
+    quantize_model(model, "int4", group_size=128, head_method="int4")  # hidden 64 is not a multiple of 128, intermediate 128 is
     assert sum(isinstance(m, Linear) for m in model.modules()) == 3 * ARCH.num_layers
     assert all(isinstance(layer.mlp.down_proj, Int4Linear) for layer in model.layers)
     assert model.logits_head is None

@@ -1,0 +1,178 @@
+"""Batch-1 decode speed of float32, bfloat16, int8 and int4 SmolLM2 through
+Kiln's engine, against the machine's memory bandwidth (gpt-fast style).
+
+Per mode: a 128-token prompt from the pydoc corpus, greedy, ignore_eos.
+Decode tokens/s = (new_tokens - 1) / (t(new_tokens) - t(1)): the prefill and
+the first token are timed separately and subtracted. Each figure is the
+median of --repeats runs. Bytes per token = every weight a decode step
+reads (all projections, norms, the LM head as the mode stores it; not the
+embedding table, of which one row is read) plus the KV cache read at the
+mean context. Bandwidth = median of a large-tensor sum (read) benchmark.
+Optional: achieved GFLOP/s of a prefill chunk and of decode at batch 32.
+
+    PYTHONPATH=. .venv/bin/python bench/decode_roofline.py [--repeats 5] [--modes fp32,bf16,int8,int4]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload import corpus_text  # noqa: E402
+
+from kiln import LLM, SamplingParams  # noqa: E402
+from kiln.config import EngineConfig  # noqa: E402
+from kiln.llm.engine.llm_engine import LLMEngine  # noqa: E402
+from kiln.llm.models.checkpoint import load_checkpoint  # noqa: E402
+from kiln.llm.models.default_model import default_model_path  # noqa: E402
+
+# mode -> engine options. int8/int4 run their kernels in bfloat16 either way
+# (kiln/llm/quant/base.py); the model dtype only sets the activations between
+# layers and the KV cache.
+MODES = {
+    "fp32": dict(dtype="float32"),
+    "bf16": dict(dtype="bfloat16"),
+    "int8": dict(dtype="float32", quantization="int8"),
+    "int4": dict(dtype="float32", quantization="int4"),
+    "int8-bf16": dict(dtype="bfloat16", quantization="int8"),
+    "int4-bf16": dict(dtype="bfloat16", quantization="int4"),
+}
+
+
+def make_llm(checkpoint, **options) -> LLM:
+    llm = LLM.__new__(LLM)
+    llm.config = EngineConfig.from_flat(model=checkpoint.source, kv_cache_memory_gib=0.5, **options)
+    llm.engine = LLMEngine(llm.config, checkpoint)
+    llm.tokenizer = llm.engine.tokenizer
+    llm._counter = 0
+    return llm
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of everything a decode step reads except the KV cache and the
+    embedding table (one row)."""
+    total = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name in ("embed_tokens", "lm_head") or "rotary" in name:
+            continue
+        total += t.numel() * t.element_size()
+    head = model.logits_head
+    if head is None:
+        total += model.lm_head.numel() * model.lm_head.element_size()
+    return total
+
+
+def kv_bytes_per_token(model, context: int) -> int:
+    a = model.arch
+    return 2 * a.num_layers * context * a.num_kv_heads * a.head_dim * model.embed_tokens.element_size()
+
+
+def matmul_flops_per_token(model) -> int:
+    a = model.arch
+    per_layer = a.hidden_size * (a.q_size + 2 * a.kv_size) + a.q_size * a.hidden_size + 3 * a.hidden_size * a.intermediate_size
+    return 2 * (a.num_layers * per_layer + a.vocab_size * a.hidden_size)
+
+
+def attention_flops(model, context: int) -> int:
+    a = model.arch
+    return 4 * a.num_layers * a.num_heads * a.head_dim * context
+
+
+def timed_generate(llm, prompts, max_tokens) -> float:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+    return elapsed
+
+
+def memory_bandwidth(repeats: int, gib: float = 1.0) -> dict:
+    x = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
+    y = torch.empty_like(x)
+    sums, copies = [], []
+    for _ in range(repeats):
+        t = time.perf_counter(); x.sum(); sums.append(x.nbytes / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter(); y.copy_(x); copies.append(2 * x.nbytes / (time.perf_counter() - t) / 1e9)
+    return {"read_sum_GBps": statistics.median(sums), "copy_rw_GBps": statistics.median(copies),
+            "read_sum_all": sums, "copy_all": copies, "tensor_gib": gib, "threads": torch.get_num_threads()}
+
+
+def bench_mode(checkpoint, ids, mode, args, bw) -> dict:
+    llm = make_llm(checkpoint, **MODES[mode])
+    model = llm.engine.core.runner.model
+    prompt = ids[: args.prompt_len]
+    timed_generate(llm, [prompt], 8)  # warm-up
+    decode_s = []
+    for r in range(args.repeats):
+        t1 = timed_generate(llm, [prompt], 1)
+        tn = timed_generate(llm, [prompt], args.new_tokens)
+        decode_s.append((tn - t1) / (args.new_tokens - 1))
+    step = statistics.median(decode_s)
+    mean_ctx = args.prompt_len + args.new_tokens // 2
+    wbytes, kvbytes = weight_bytes_per_token(model), kv_bytes_per_token(model, mean_ctx)
+    out = {
+        "mode": mode, "options": MODES[mode],
+        "decode_tok_per_s": 1 / step, "decode_tok_per_s_all": [1 / s for s in decode_s],
+        "weight_bytes_per_token": wbytes, "kv_bytes_per_token_mean_ctx": kvbytes,
+        "achieved_GBps": (wbytes + kvbytes) / step / 1e9,
+        "pct_of_read_bandwidth": 100 * (wbytes + kvbytes) / step / 1e9 / bw["read_sum_GBps"],
+        "decode_b1_GFLOPps": (matmul_flops_per_token(model) + attention_flops(model, mean_ctx)) / step / 1e9,
+    }
+    if args.flops:
+        # prefill: one 512-token prompt, first token only (prefill + LM head on one row)
+        long_prompt = ids[1000 : 1000 + args.prefill_len]
+        t = statistics.median(timed_generate(llm, [long_prompt], 1) for _ in range(max(1, args.repeats // 2)))
+        prefill_flops = (matmul_flops_per_token(model) - 2 * model.arch.vocab_size * model.arch.hidden_size) * args.prefill_len
+        prefill_flops += attention_flops(model, args.prefill_len // 2) * args.prefill_len
+        out["prefill_tokens"] = args.prefill_len
+        out["prefill_GFLOPps"] = prefill_flops / t / 1e9
+        # decode batch 32: 32 prompts of 64 tokens, 17 vs 1 new tokens
+        prompts = [ids[2000 + 64 * i : 2064 + 64 * i] for i in range(32)]
+        t1 = timed_generate(llm, prompts, 1)
+        tn = timed_generate(llm, prompts, 17)
+        step32 = (tn - t1) / 16
+        out["decode_b32_tok_per_s"] = 32 / step32
+        out["decode_b32_GFLOPps"] = 32 * (matmul_flops_per_token(model) + attention_flops(model, 72)) / step32 / 1e9
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--modes", default="fp32,bf16,int8,int4")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--flops", action="store_true", help="also prefill chunk and batch-32 decode GFLOP/s")
+    ap.add_argument("--prefill-len", type=int, default=512)
+    ap.add_argument("--out", default="bench/results/decode_roofline.json")
+    args = ap.parse_args()
+    checkpoint = load_checkpoint(str(args.model or default_model_path()))
+    bw = memory_bandwidth(max(5, args.repeats))
+    print(json.dumps({k: v for k, v in bw.items() if not k.endswith("_all")}), flush=True)
+    ids = None
+    results = []
+    for mode in args.modes.split(","):
+        if ids is None:
+            ids = make_llm(checkpoint).tokenizer.encode(corpus_text(), add_special_tokens=False)
+        r = bench_mode(checkpoint, ids, mode, args, bw)
+        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if not k.endswith("_all")}), flush=True)
+        results.append(r)
+    by = {r["mode"]: r["decode_tok_per_s"] for r in results}
+    ratios = {f"{m}_vs_{base}": by[m] / by[base] for m in by for base in ("bf16", "fp32") if base in by and m != base}
+    print(json.dumps({k: round(v, 2) for k, v in ratios.items()}))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"bandwidth": bw, "modes": results, "ratios": ratios,
+                                          "threads": torch.get_num_threads(), "args": vars(args)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
