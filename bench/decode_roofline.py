@@ -153,7 +153,10 @@ def main() -> int:
     ap.add_argument("--flops", action="store_true", help="also prefill chunk and batch-32 decode GFLOP/s")
     ap.add_argument("--prefill-len", type=int, default=512)
     ap.add_argument("--out", default="bench/results/decode_roofline.json")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     checkpoint = load_checkpoint(str(args.model or default_model_path()))
     bw = memory_bandwidth(max(5, args.repeats))
     print(json.dumps({k: v for k, v in bw.items() if not k.endswith("_all")}), flush=True)

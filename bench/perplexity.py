@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload import corpus_text  # noqa: E402
 
@@ -39,7 +41,10 @@ def main() -> int:
     ap.add_argument("--max-windows", type=int, default=None)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--out", default="bench/results/perplexity.json")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     path = str(args.model or default_model_path())
     checkpoint = load_checkpoint(path)
     ids = load_tokenizer(path).encode(corpus_text(), add_special_tokens=False)

@@ -10,7 +10,7 @@ from tests.integration.llm.bench_text import mixed_prompts
 from tests.integration.llm.test_batch_invariance import assert_idle
 
 pytestmark = pytest.mark.slow
-NUM_PROMPTS, NUM_TOKENS = 8, 16
+NUM_PROMPTS, NUM_TOKENS = 6, 12
 PARAMS = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
 
 
