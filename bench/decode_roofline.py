@@ -1,7 +1,8 @@
 """Batch-1 decode speed of float32, bfloat16, int8 and int4 SmolLM2 through
 Kiln's engine, against the machine's memory bandwidth (gpt-fast style).
 
-Per mode: a 128-token prompt from the pydoc corpus, greedy, ignore_eos.
+All engines are built up front and the repeats alternate between modes (a
+shared box's load then hits every mode alike). Per mode: a 128-token prompt from the pydoc corpus, greedy, ignore_eos.
 Decode tokens/s = (new_tokens - 1) / (t(new_tokens) - t(1)): the prefill and
 the first token are timed separately and subtracted. Each figure is the
 median of --repeats runs. Bytes per token = every weight a decode step
@@ -42,12 +43,25 @@ MODES = {
     "int4": dict(dtype="float32", quantization="int4"),
     "int8-bf16": dict(dtype="bfloat16", quantization="int8"),
     "int4-bf16": dict(dtype="bfloat16", quantization="int4"),
+    # LM head variants (does quantizing the head pay?): swapped after load
+    "int8-floathead": dict(dtype="float32", quantization="int8"),
+    "int4-floathead": dict(dtype="float32", quantization="int4"),
+    "int4-int4head": dict(dtype="float32", quantization="int4"),
 }
 
 
-def make_llm(checkpoint, **options) -> LLM:
+def set_head(model, mode: str) -> None:
+    from kiln.llm.quant.apply import quantize_weight
+
+    if mode.endswith("-floathead"):
+        model.logits_head = None
+    elif mode.endswith("-int4head"):
+        model.logits_head = quantize_weight(model.embed_tokens.detach().float(), "int4", 32)
+
+
+def make_llm(checkpoint, kv_gib: float = 0.1, **options) -> LLM:
     llm = LLM.__new__(LLM)
-    llm.config = EngineConfig.from_flat(model=checkpoint.source, kv_cache_memory_gib=0.5, **options)
+    llm.config = EngineConfig.from_flat(model=checkpoint.source, kv_cache_memory_gib=kv_gib, **options)
     llm.engine = LLMEngine(llm.config, checkpoint)
     llm.tokenizer = llm.engine.tokenizer
     llm._counter = 0
@@ -104,43 +118,46 @@ def memory_bandwidth(repeats: int, gib: float = 1.0) -> dict:
             "read_sum_all": sums, "copy_all": copies, "tensor_gib": gib, "threads": torch.get_num_threads()}
 
 
-def bench_mode(checkpoint, ids, mode, args, bw) -> dict:
-    llm = make_llm(checkpoint, **MODES[mode])
+def setup_mode(checkpoint, mode, kv_gib):
+    llm = make_llm(checkpoint, kv_gib, **MODES[mode])
+    set_head(llm.engine.core.runner.model, mode)
+    return llm
+
+
+def decode_step_seconds(llm, prompt, new_tokens) -> float:
+    t1 = timed_generate(llm, [prompt], 1)
+    tn = timed_generate(llm, [prompt], new_tokens)
+    return (tn - t1) / (new_tokens - 1)
+
+
+def summarize(llm, mode, steps, args, bw) -> dict:
     model = llm.engine.core.runner.model
-    prompt = ids[: args.prompt_len]
-    timed_generate(llm, [prompt], 8)  # warm-up
-    decode_s = []
-    for r in range(args.repeats):
-        t1 = timed_generate(llm, [prompt], 1)
-        tn = timed_generate(llm, [prompt], args.new_tokens)
-        decode_s.append((tn - t1) / (args.new_tokens - 1))
-    step = statistics.median(decode_s)
+    step = statistics.median(steps)
     mean_ctx = args.prompt_len + args.new_tokens // 2
     wbytes, kvbytes = weight_bytes_per_token(model), kv_bytes_per_token(model, mean_ctx)
-    out = {
+    return {
         "mode": mode, "options": MODES[mode],
-        "decode_tok_per_s": 1 / step, "decode_tok_per_s_all": [1 / s for s in decode_s],
+        "decode_tok_per_s": 1 / step, "decode_tok_per_s_all": [1 / s for s in steps],
         "weight_bytes_per_token": wbytes, "kv_bytes_per_token_mean_ctx": kvbytes,
         "achieved_GBps": (wbytes + kvbytes) / step / 1e9,
         "pct_of_read_bandwidth": 100 * (wbytes + kvbytes) / step / 1e9 / bw["read_sum_GBps"],
         "decode_b1_GFLOPps": (matmul_flops_per_token(model) + attention_flops(model, mean_ctx)) / step / 1e9,
     }
-    if args.flops:
-        # prefill: one 512-token prompt, first token only (prefill + LM head on one row)
-        long_prompt = ids[1000 : 1000 + args.prefill_len]
-        t = statistics.median(timed_generate(llm, [long_prompt], 1) for _ in range(max(1, args.repeats // 2)))
-        prefill_flops = (matmul_flops_per_token(model) - 2 * model.arch.vocab_size * model.arch.hidden_size) * args.prefill_len
-        prefill_flops += attention_flops(model, args.prefill_len // 2) * args.prefill_len
-        out["prefill_tokens"] = args.prefill_len
-        out["prefill_GFLOPps"] = prefill_flops / t / 1e9
-        # decode batch 32: 32 prompts of 64 tokens, 17 vs 1 new tokens
-        prompts = [ids[2000 + 64 * i : 2064 + 64 * i] for i in range(32)]
-        t1 = timed_generate(llm, prompts, 1)
-        tn = timed_generate(llm, prompts, 17)
-        step32 = (tn - t1) / 16
-        out["decode_b32_tok_per_s"] = 32 / step32
-        out["decode_b32_GFLOPps"] = 32 * (matmul_flops_per_token(model) + attention_flops(model, 72)) / step32 / 1e9
-    return out
+
+
+def flops_figures(llm, ids, args) -> dict:
+    model = llm.engine.core.runner.model
+    long_prompt = ids[1000 : 1000 + args.prefill_len]
+    t = timed_generate(llm, [long_prompt], 1)
+    prefill_flops = (matmul_flops_per_token(model) - 2 * model.arch.vocab_size * model.arch.hidden_size) * args.prefill_len
+    prefill_flops += attention_flops(model, args.prefill_len // 2) * args.prefill_len
+    prompts = [ids[2000 + 64 * i : 2064 + 64 * i] for i in range(32)]
+    step32 = (timed_generate(llm, prompts, 17) - timed_generate(llm, prompts, 1)) / 16
+    return {
+        "prefill_tokens": args.prefill_len, "prefill_GFLOPps": prefill_flops / t / 1e9,
+        "decode_b32_tok_per_s": 32 / step32,
+        "decode_b32_GFLOPps": 32 * (matmul_flops_per_token(model) + attention_flops(model, 72)) / step32 / 1e9,
+    }
 
 
 def main() -> int:
@@ -152,6 +169,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--flops", action="store_true", help="also prefill chunk and batch-32 decode GFLOP/s")
     ap.add_argument("--prefill-len", type=int, default=512)
+    ap.add_argument("--kv-gib", type=float, default=0.1, help="KV pool per engine (all modes are held at once)")
     ap.add_argument("--out", default="bench/results/decode_roofline.json")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
@@ -160,12 +178,24 @@ def main() -> int:
     checkpoint = load_checkpoint(str(args.model or default_model_path()))
     bw = memory_bandwidth(max(5, args.repeats))
     print(json.dumps({k: v for k, v in bw.items() if not k.endswith("_all")}), flush=True)
-    ids = None
+    # Every engine is built first and the repeats go round-robin over the
+    # modes, so load from other processes on the box hits all modes alike.
+    modes = args.modes.split(",")
+    llms = {mode: setup_mode(checkpoint, mode, args.kv_gib) for mode in modes}
+    ids = llms[modes[0]].tokenizer.encode(corpus_text(), add_special_tokens=False)
+    prompt = ids[: args.prompt_len]
+    for llm in llms.values():
+        timed_generate(llm, [prompt], 4)  # warm-up
+    steps = {mode: [] for mode in modes}
+    for r in range(args.repeats):
+        for mode in modes:
+            steps[mode].append(decode_step_seconds(llms[mode], prompt, args.new_tokens))
+        print(f"repeat {r}:", {m: round(1 / s[-1], 2) for m, s in steps.items()}, flush=True)
     results = []
-    for mode in args.modes.split(","):
-        if ids is None:
-            ids = make_llm(checkpoint).tokenizer.encode(corpus_text(), add_special_tokens=False)
-        r = bench_mode(checkpoint, ids, mode, args, bw)
+    for mode in modes:
+        r = summarize(llms[mode], mode, steps[mode], args, bw)
+        if args.flops:
+            r.update(flops_figures(llms[mode], ids, args))
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if not k.endswith("_all")}), flush=True)
         results.append(r)
     by = {r["mode"]: r["decode_tok_per_s"] for r in results}
