@@ -13,6 +13,8 @@ from kiln.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
+QUANTIZATIONS = (None, "int8", "int4")
+QUANT_GROUP_SIZES = (32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -22,8 +24,19 @@ class ModelConfig:
     device: str = "cpu"
     max_model_len: int | None = None  # None = the model's own context length
     seed: int = 0
+    quantization: str | None = None  # weight-only: None | "int8" (per channel) | "int4" (group-wise)
+    quant_group_size: int = 32  # int4 group length along the input dimension
 
     def __post_init__(self) -> None:
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}", param="quantization"
+            )
+        if self.quant_group_size not in QUANT_GROUP_SIZES:
+            raise ConfigError(
+                f"quant_group_size must be one of {QUANT_GROUP_SIZES}, got {self.quant_group_size!r}",
+                param="quant_group_size",
+            )
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", param="dtype")
         if self.device.split(":")[0] not in DEVICES:
@@ -155,7 +168,7 @@ class EngineConfig:
         # Weight-only quantization is a post-load transform of the single-process
         # model; the sharded build does not apply it yet, so refuse rather than
         # silently serve unquantized weights.
-        if self.parallel.world_size > 1 and getattr(self.model, "quantization", None) not in (None, "none"):
+        if self.parallel.world_size > 1 and self.model.quantization is not None:
             raise ConfigError(
                 "quantization is not supported with tensor or pipeline parallelism yet", param="quantization"
             )

@@ -13,6 +13,7 @@ from kiln.llm.engine.core import EngineCore
 from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
 from kiln.llm.models.default_model import default_model_path
 from kiln.llm.models.llama import LlamaModel
+from kiln.llm.quant import quantize_model
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
 from kiln.llm.spec_decode.ngram import NgramProposer
@@ -31,7 +32,14 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int
         raise ConfigError("device 'cuda' requested but CUDA is not available", param="device")
     model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
     model.load_weights(checkpoint.weights, checkpoint.source)
-    return model.to(device=device, dtype=DTYPES[config.model.dtype]).eval()
+    return finish_model(model, config, device)
+
+
+def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) -> LlamaModel:
+    """Loaded float32 model -> device, quantized (if asked), compute dtype."""
+    model = model.to(device=device)
+    quantize_model(model, config.model.quantization, config.model.quant_group_size)
+    return model.to(dtype=DTYPES[config.model.dtype]).eval()
 
 
 def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:
@@ -71,7 +79,7 @@ def build_proposer(
         draft = build_model(draft_checkpoint, config, max_model_len)
     else:
         draft = truncated_model(checkpoint, spec.draft_num_layers, max_model_len)
-        draft = draft.to(device=runner.device, dtype=DTYPES[config.model.dtype]).eval()
+        draft = finish_model(draft, config, runner.device)
     # The draft pool mirrors the target's block count: whatever fits one fits the other.
     return DraftModelProposer(draft, num_blocks, config.cache.block_size, runner.device, runner.sampler)
 

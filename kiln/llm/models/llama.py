@@ -90,6 +90,8 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(arch, backend) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = self.embed_tokens if arch.tie_word_embeddings else _weight(arch.vocab_size, arch.hidden_size)
+        # Set by weight-only quantization: a quantized copy of lm_head used for logits.
+        self.logits_head: nn.Module | None = None
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata):
         """Returns final hidden states [T, hidden] (normed)."""
@@ -100,6 +102,8 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.logits_head is not None:
+            return self.logits_head(hidden).float()
         return linear(hidden, self.lm_head).float()
 
     # ---- weights ----------------------------------------------------------

@@ -1,0 +1,33 @@
+"""Engine correctness with quantized weights. Tolerance: none, in both int8
+and int4 mode -- a request's greedy tokens must be identical alone, in a
+batch of mixed-length prompts, and with prefix caching on or off, because
+the quantized kernels compute each output row independently of the others
+(checked here, not assumed). The KV pool must return to idle."""
+import pytest
+
+from kiln import SamplingParams
+from tests.integration.llm.bench_text import mixed_prompts
+from tests.integration.llm.test_batch_invariance import assert_idle
+
+pytestmark = pytest.mark.slow
+NUM_PROMPTS, NUM_TOKENS = 6, 12
+PARAMS = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2_tokenizer):
+    return mixed_prompts(smollm2_tokenizer, NUM_PROMPTS)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_batch_and_prefix_cache_do_not_change_greedy_tokens(make_smollm2_engine, prompts, method):
+    alone_llm = make_smollm2_engine(quantization=method, enable_prefix_caching=False)
+    alone = [alone_llm.generate([p], PARAMS)[0].outputs[0].token_ids for p in prompts]
+    assert_idle(alone_llm)
+    del alone_llm
+    for caching in (True, False):
+        llm = make_smollm2_engine(quantization=method, enable_prefix_caching=caching)
+        outs = llm.generate(prompts, PARAMS)
+        for i, (out, ref) in enumerate(zip(outs, alone)):
+            assert out.outputs[0].token_ids == ref, f"{method} caching={caching}: prompt {i} ({len(prompts[i])} tokens)"
+        assert_idle(llm)
