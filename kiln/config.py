@@ -84,7 +84,11 @@ class SpecConfig:
     Switch-off rule: drafts are proposed after a step only while at most
     `max_batch_for_speculation` requests are running; a larger batch decodes
     plainly (verification costs more than it saves once the step is
-    compute-bound). Per request, `SamplingParams.speculate=False` opts out.
+    compute-bound). The default, 8, keeps a verification step at most
+    8 x (k + 1) = 40 rows for k = 4: inside the skinny CPU kernel's range, where
+    extra rows cost little (measured: at 16 requests n-gram speculation lost
+    9-11 % throughput; docs/benchmarks.md). Per request,
+    `SamplingParams.speculate=False` opts out.
     """
 
     spec_method: str | None = None  # None | "ngram" | "draft"
@@ -93,7 +97,7 @@ class SpecConfig:
     ngram_max_n: int = 4
     draft_model: str | None = None  # HF dir / GGUF sharing the target's vocabulary
     draft_num_layers: int = 1  # no draft_model: the target's first N layers + its LM head
-    max_batch_for_speculation: int = 32
+    max_batch_for_speculation: int = 8
 
     def __post_init__(self) -> None:
         if self.spec_method not in SPEC_METHODS:
