@@ -61,7 +61,9 @@ def plain_outputs(tiny_llama_dir, prompts):
     ids=["ngram", "ngram-chunked", "draft", "ngram-preempt", "draft-preempt"],
 )
 def test_greedy_output_identical_with_speculation(tiny_llama_dir, prompts, plain_outputs, options):
-    llm = LLM(str(tiny_llama_dir), **{**POOL, **options})
+    # Speculate in the full 24-request batch, not only in its tail (the
+    # default switch-off is at 8 running requests).
+    llm = LLM(str(tiny_llama_dir), max_batch_for_speculation=32, **{**POOL, **options})
     outs = llm.generate(prompts, GREEDY)
     for i, (out, ref) in enumerate(zip(outs, plain_outputs)):
         assert out.outputs[0].token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens)"
