@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -132,3 +134,45 @@ def kiln_server(
         yield server
     finally:
         stop(server)
+
+
+@dataclass
+class InflightRequests:
+    """A streamed and a non-streamed long completion, running in threads."""
+
+    threads: list[threading.Thread]
+    streamed: list[str]  # SSE data payloads so far
+    whole: list[httpx.Response]  # the non-streamed response, once it came
+
+    def join(self, what: str, timeout: float = 30) -> None:
+        for t in self.threads:
+            t.join(timeout)
+            assert not t.is_alive(), f"a request hung after {what}"
+
+    def assert_failed_with_engine_dead(self) -> None:
+        assert self.streamed[-1] == "[DONE]"
+        assert json.loads(self.streamed[-2])["error"]["type"] == "engine_dead_error"
+        assert self.whole[0].status_code == 503 and self.whole[0].json()["error"]["type"] == "engine_dead_error"
+
+
+def start_inflight_requests(base_url: str, started_timeout: float) -> InflightRequests:
+    """Start both requests; return once the stream has produced a token."""
+    body = {"prompt": "A very long answer", "max_tokens": 400, "ignore_eos": True}
+    started = threading.Event()
+    requests = InflightRequests([], [], [])
+
+    def stream() -> None:
+        with httpx.stream("POST", base_url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    requests.streamed.append(line[6:])
+                    started.set()
+
+    def wait_whole() -> None:
+        requests.whole.append(httpx.post(base_url + "/v1/completions", json=body, timeout=60))
+
+    requests.threads = [threading.Thread(target=stream), threading.Thread(target=wait_whole)]
+    for t in requests.threads:
+        t.start()
+    assert started.wait(started_timeout)
+    return requests

@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import threading
 
 import httpx
 import psutil
 import pytest
 
-from tests.integration.openai.live import kiln_server
+from tests.integration.openai.live import kiln_server, start_inflight_requests
 
 
 @pytest.fixture(scope="module")
@@ -29,33 +27,10 @@ def server(tiny_llama_dir, tmp_path_factory):
 
 
 def test_killing_the_engine_fails_requests_and_health(server):
-    streamed: list[str] = []
-    whole: list[httpx.Response] = []
-    started = threading.Event()
-    body = {"prompt": "A very long answer", "max_tokens": 400, "ignore_eos": True}
-
-    def stream() -> None:
-        with httpx.stream("POST", server.base_url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    streamed.append(line[6:])
-                    started.set()
-
-    def wait_whole() -> None:
-        whole.append(httpx.post(server.base_url + "/v1/completions", json=body, timeout=60))
-
-    threads = [threading.Thread(target=stream), threading.Thread(target=wait_whole)]
-    for t in threads:
-        t.start()
-    assert started.wait(30)
+    inflight = start_inflight_requests(server.base_url, 30)
     os.kill(server.engine_pid(), signal.SIGKILL)
-    for t in threads:
-        t.join(30)
-        assert not t.is_alive(), "a request hung after the engine died"
-
-    assert streamed[-1] == "[DONE]"
-    assert json.loads(streamed[-2])["error"]["type"] == "engine_dead_error"
-    assert whole[0].status_code == 503 and whole[0].json()["error"]["type"] == "engine_dead_error"
+    inflight.join("the engine died")
+    inflight.assert_failed_with_engine_dead()
 
     health = httpx.get(server.base_url + "/health", timeout=5)
     assert health.status_code == 503 and health.json()["models"] == {"tiny": "dead"}
