@@ -28,7 +28,11 @@ def kernels_loaded() -> bool:
     if not (LIBRARY.exists() and cpu_supported()):
         log.info("kiln kernels not built (%s); using PyTorch kernels", LIBRARY.name)
         return False
-    torch.ops.load_library(str(LIBRARY))
+    try:
+        torch.ops.load_library(str(LIBRARY))
+    except OSError as e:  # built against another torch: rebuild with `make`
+        log.warning("kiln kernels not loaded (%s); using PyTorch kernels", e)
+        return False
     return True
 
 
