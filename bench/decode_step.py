@@ -1,7 +1,7 @@
 """Median decode-step time with B running requests (SmolLM2, fp32).
 
-B requests of 300-token prompts are admitted, 14 steps run to finish their
-prefill, then 12 decode steps are timed. PROF=1 adds a torch profiler table
+B requests of 300-token prompts are admitted, enough steps run to finish
+their prefill (1024 prompt tokens per step), then 12 decode steps are timed. PROF=1 adds a torch profiler table
 over 5 more steps. Compare kernels with KILN_KERNELS=0 / 1:
 
     KILN_KERNELS=1 .venv/bin/python bench/decode_step.py 32 1   # B=32, 1 thread
@@ -24,7 +24,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"r{i}", list(range(1000 + i, 1300 + i)), params)
-    for _ in range(14):
+    for _ in range(-(-batch * 300 // 1024) + 2):
         engine.step()
     times = []
     for _ in range(12):

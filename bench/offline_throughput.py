@@ -8,12 +8,15 @@ Naive HF = one request at a time through `LlamaForCausalLM.generate`, built
 from the very weights Kiln loads. Serial serving has a flat per-request
 rate, so by default it runs on the first `--hf-requests` requests only and
 its tokens/s is compared with Kiln's on the full set (say so when quoting).
+Each side runs in its own fresh process, so neither inherits the other's
+threads, allocations or warm caches.
 
     .venv/bin/python bench/offline_throughput.py [--model PATH] [--dtype float32]
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import json
 import os
 import sys
@@ -84,6 +87,11 @@ def run_hf(args, items) -> dict:
     return {"requests": len(subset), "output_tokens": produced, "seconds": elapsed, "tok_per_s": produced / elapsed}
 
 
+def in_fresh_process(fn, *args):
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: installed SmolLM2)")
@@ -103,11 +111,11 @@ def main() -> None:
     items = make_workload(tokenizer, args.num_requests, seed=args.seed)
     print(f"threads={torch.get_num_threads()} dtype={args.dtype} requests={len(items)} "
           f"prompt_tokens={sum(len(i.prompt_token_ids) for i in items)} output_tokens={sum(i.max_tokens for i in items)}")
-    kiln = run_kiln(args, items)
+    kiln = in_fresh_process(run_kiln, args, items)
     print(f"kiln     : {kiln['output_tokens']} tokens in {kiln['seconds']:.1f}s = {kiln['tok_per_s']:.1f} tok/s")
     result = {"kiln": kiln, "args": vars(args), "cpu_count": os.cpu_count()}
     if args.hf_requests:
-        hf = run_hf(args, items)
+        hf = in_fresh_process(run_hf, args, items)
         print(f"naive HF : {hf['output_tokens']} tokens in {hf['seconds']:.1f}s = {hf['tok_per_s']:.1f} tok/s "
               f"({hf['requests']} requests)")
         result["naive_hf"] = hf

@@ -17,7 +17,7 @@ import torch
 from torch.utils import cpp_extension
 
 HERE = Path(__file__).resolve().parent
-SOURCES = [HERE / "skinny_linear.cpp", HERE / "paged_attention.cpp"]
+SOURCES = [HERE / "linear_f32.cpp", HERE / "paged_attention.cpp"]
 LIBRARY = HERE / "_kiln_kernels.so"
 
 
@@ -30,7 +30,7 @@ def compile_command(output: Path) -> list[str]:
     lib_dirs = cpp_extension.library_paths()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
-        shutil.which("c++") or "g++", "-O3", "-mavx2", "-mfma", "-std=c++20", "-shared", "-fPIC",
+        shutil.which("c++") or "g++", "-O3", "-mavx2", "-mfma", "-std=c++20", "-fopenmp", "-shared", "-fPIC",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, *map(str, SOURCES), "-o", str(output),
         *[f"-L{d}" for d in lib_dirs], *[f"-Wl,-rpath,{d}" for d in lib_dirs], "-lc10", "-ltorch_cpu",
     ]

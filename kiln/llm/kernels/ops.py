@@ -16,9 +16,10 @@ from kiln.llm.kernels.build import LIBRARY, cpu_supported
 
 log = logging.getLogger(__name__)
 
-# Up to this many rows the skinny kernel beats BLAS on this class of CPU
-# (bench/skinny_linear.py measures the crossover).
-SKINNY_MAX_ROWS = 48
+# Up to this many rows the kernel is at least as fast as MKL on this class of
+# CPU (bench/linear_f32.py measures the crossover); above, prefill chunks
+# take torch's BLAS.
+LINEAR_MAX_ROWS = 192
 
 
 @functools.cache
@@ -36,12 +37,12 @@ def kernels_loaded() -> bool:
     return True
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-    """x [M, K] @ weight[N, K]^T with the skinny kernel, or None when it does
+def linear_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x [M, K] @ weight[N, K]^T with Kiln's fp32 kernel, or None when it does
     not apply (library absent, not fp32 CPU, or too many rows)."""
     if (
         x.dim() != 2
-        or x.shape[0] > SKINNY_MAX_ROWS
+        or x.shape[0] > LINEAR_MAX_ROWS
         or x.dtype != torch.float32
         or weight.dtype != torch.float32
         or x.device.type != "cpu"
@@ -49,7 +50,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         or not kernels_loaded()
     ):
         return None
-    return torch.ops.kiln.skinny_linear(x, weight)
+    return torch.ops.kiln.linear_f32(x, weight)
 
 
 def paged_decode_attention(
@@ -65,9 +66,9 @@ def paged_decode_attention(
         q.dtype != torch.float32
         or k_pool.dtype != torch.float32
         or q.device.type != "cpu"
-        or head_dim % 8
+        or head_dim % 16
         or heads % kv_heads
-        or heads // kv_heads > 16
+        or heads // kv_heads > 8
         or not kernels_loaded()
     ):
         return None

@@ -12,11 +12,12 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
 
-constexpr int kMaxGroup = 16;  // query heads per kv head
+constexpr int kMaxGroup = 8;  // query heads per kv head
 
 // exp for x <= 0 (softmax inputs after subtracting the max); Cephes-style
 // polynomial, relative error about 2e-7.
@@ -65,6 +66,68 @@ void softmax(float* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s[i] *= inv;
 }
 
+// One work item: sequence b, kv heads [g0, g1), each with its G query heads.
+// Pass 1 streams the keys in slot order (each slot's heads are contiguous),
+// scores every query head, and prefetches the slot's values into L2. Pass 2
+// walks the values per kv head and 16-float slice of the head dimension, the
+// G x 2 output vectors held in registers, reading from L2. Every output
+// element is the same chain of FMAs over t in order, whatever the batch or
+// the thread split.
+template <int G>
+void attend(const float* q, const float* kp, const float* vp, const int64_t* table, int64_t ctx, int64_t block_size,
+            int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, std::vector<float>& scores, float* out) {
+  const int64_t nh = (g1 - g0) * G;  // scores row h = (g - g0) * G + j
+  scores.resize(nh * ctx);
+  for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
+    const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, ctx - t0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = (base + i) * KVH;
+      for (int64_t off = g0 * D * 4; off < g1 * D * 4; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(vp + row * D) + off, _MM_HINT_T1);
+      for (int64_t g = g0; g < g1; ++g) {
+        const float* key = kp + (row + g) * D;
+        const float* qg = q + g * G * D;
+        __m256 dots[G];
+        for (int j = 0; j < G; ++j) dots[j] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+          const __m256 kv = _mm256_loadu_ps(key + d);
+          for (int j = 0; j < G; ++j) dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), kv, dots[j]);
+        }
+        for (int j = 0; j < G; ++j) scores[((g - g0) * G + j) * ctx + t0 + i] = hsum(dots[j]) * scale;
+      }
+    }
+  }
+  for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
+  for (int64_t g = g0; g < g1; ++g) {
+    const float* sg = scores.data() + (g - g0) * G * ctx;
+    for (int64_t d = 0; d < D; d += 16) {
+      __m256 acc[G][2];
+      for (int j = 0; j < G; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+      for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
+        const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, ctx - t0);
+        for (int64_t i = 0; i < n; ++i) {
+          const float* value = vp + ((base + i) * KVH + g) * D + d;
+          const __m256 v0 = _mm256_loadu_ps(value), v1 = _mm256_loadu_ps(value + 8);
+          for (int j = 0; j < G; ++j) {
+            const __m256 p = _mm256_broadcast_ss(sg + j * ctx + t0 + i);
+            acc[j][0] = _mm256_fmadd_ps(p, v0, acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(p, v1, acc[j][1]);
+          }
+        }
+      }
+      for (int j = 0; j < G; ++j) {
+        _mm256_storeu_ps(out + (g * G + j) * D + d, acc[j][0]);
+        _mm256_storeu_ps(out + (g * G + j) * D + d + 8, acc[j][1]);
+      }
+    }
+  }
+}
+
+using AttendFn = void (*)(const float*, const float*, const float*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
+                          int64_t, int64_t, float, std::vector<float>&, float*);
+constexpr AttendFn kAttend[kMaxGroup + 1] = {nullptr,   attend<1>, attend<2>, attend<3>, attend<4>,
+                                             attend<5>, attend<6>, attend<7>, attend<8>};
+
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens,
                                   int64_t block_size, double scale) {
@@ -76,8 +139,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   const at::Tensor tables = block_tables.contiguous();
   const at::Tensor lens = context_lens.contiguous();
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pool.size(1), W = tables.size(1);
-  TORCH_CHECK(k_pool.size(2) == D && D % 8 == 0 && H % KVH == 0 && H / KVH <= kMaxGroup, "paged_decode_attention: head layout");
-  const int64_t G = H / KVH;
+  TORCH_CHECK(k_pool.size(2) == D && D % 16 == 0 && H % KVH == 0 && H / KVH <= kMaxGroup,
+              "paged_decode_attention: head layout");
+  const AttendFn attend_item = kAttend[H / KVH];
   at::Tensor out = at::empty({B, H, D}, q.options());
   const float* qp = q.const_data_ptr<float>();
   const float* kp = k_pool.const_data_ptr<float>();
@@ -87,50 +151,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   float* op = out.mutable_data_ptr<float>();
   const float fscale = static_cast<float>(scale);
 
-  // A work item is one sequence with all its kv heads: every slot it reads
-  // is one contiguous run of KVH * D floats, streamed in block order. With
-  // fewer sequences than threads, items are (sequence, kv head) instead.
+  // A work item is one sequence with all its kv heads. With fewer sequences
+  // than threads, items are (sequence, kv head) instead.
   const bool per_head = B < at::get_num_threads();
-  const int64_t heads_per_item = per_head ? 1 : KVH;
   const int64_t items = per_head ? B * KVH : B;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc;
+    std::vector<float> scores;
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = per_head ? i / KVH : i, g0 = per_head ? i % KVH : 0, g1 = g0 + heads_per_item;
-      const int64_t ctx = lp[b], nh = heads_per_item * G;  // query heads of this item
-      const float* qi = qp + (b * H + g0 * G) * D;  // its query heads, contiguous
-      scores.resize(nh * ctx);
-      for (int64_t t = 0; t < ctx; ++t) {
-        const int64_t slot = tp[b * W + t / block_size] * block_size + t % block_size;
-        for (int64_t g = g0; g < g1; ++g) {
-          const float* key = kp + (slot * KVH + g) * D;
-          const float* qg = qi + (g - g0) * G * D;
-          __m256 dots[kMaxGroup];
-          for (int64_t j = 0; j < G; ++j) dots[j] = _mm256_setzero_ps();
-          for (int64_t d = 0; d < D; d += 8) {
-            const __m256 kv = _mm256_loadu_ps(key + d);
-            for (int64_t j = 0; j < G; ++j) dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), kv, dots[j]);
-          }
-          for (int64_t j = 0; j < G; ++j) scores[((g - g0) * G + j) * ctx + t] = hsum(dots[j]) * fscale;
-        }
-      }
-      for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
-      acc.assign(nh * D, 0.0f);
-      for (int64_t t = 0; t < ctx; ++t) {
-        const int64_t slot = tp[b * W + t / block_size] * block_size + t % block_size;
-        for (int64_t g = g0; g < g1; ++g) {
-          const float* value = vp + (slot * KVH + g) * D;
-          for (int64_t d = 0; d < D; d += 8) {
-            const __m256 vv = _mm256_loadu_ps(value + d);
-            for (int64_t j = 0; j < G; ++j) {
-              const int64_t h = (g - g0) * G + j;
-              float* a = acc.data() + h * D + d;
-              _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(scores[h * ctx + t]), vv, _mm256_loadu_ps(a)));
-            }
-          }
-        }
-      }
-      std::copy_n(acc.data(), nh * D, op + (b * H + g0 * G) * D);
+      const int64_t b = per_head ? i / KVH : i, g0 = per_head ? i % KVH : 0, g1 = per_head ? g0 + 1 : KVH;
+      attend_item(qp + b * H * D, kp, vp, tp + b * W, lp[b], block_size, KVH, D, g0, g1, fscale, scores,
+                  op + b * H * D);
     }
   });
   return out;

@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.llm.kernels.ops import skinny_linear
+from kiln.llm.kernels.ops import linear_f32
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T; few rows (decode, verification) take the skinny kernel."""
-    y = skinny_linear(x, weight)
+    """x @ weight^T; up to LINEAR_MAX_ROWS rows (decode, verification, short
+    prefill chunks) take Kiln's fp32 kernel."""
+    y = linear_f32(x, weight)
     return F.linear(x, weight) if y is None else y
 
 

@@ -1,11 +1,12 @@
-"""Skinny linear kernel vs PyTorch's F.linear on SmolLM2-shaped weights.
+"""Kiln's fp32 linear kernel vs PyTorch's F.linear (MKL) on SmolLM2 shapes.
 
 Streams every projection of a 30-layer SmolLM2-sized model plus its LM head
-(distinct weights, ~536 MB fp32, far beyond cache) for M = 1..16 rows, the
-two kernels interleaved so machine noise hits both alike. Prints ms per full
-pass and effective weight-read GB/s; the crossover sets SKINNY_MAX_ROWS.
+(distinct weights, ~536 MB fp32, far beyond cache) for M rows, the two
+kernels interleaved so machine noise hits both alike. Prints ms per full
+pass, effective weight-read GB/s and GFLOP/s; the crossover sets
+LINEAR_MAX_ROWS.
 
-    .venv/bin/python bench/skinny_linear.py [--threads 1] [--repeats 7]
+    .venv/bin/python bench/linear_f32.py [--threads 1] [--repeats 7] [--rows 1 8 32 ...]
 """
 from __future__ import annotations
 
@@ -43,14 +44,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 5, 8, 12, 16, 32])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 5, 8, 16, 32, 64, 128, 256, 512, 1024])
     args = ap.parse_args()
     if not kernels_loaded():
         raise SystemExit("kernels not built: run `python -m kiln.llm.kernels.build`")
     torch.set_num_threads(args.threads)
     ws = weights()
     nbytes = sum(w.numel() * 4 for w in ws)
-    ops = {"torch": F.linear, "skinny": torch.ops.kiln.skinny_linear}
+    ops = {"torch": F.linear, "kiln": torch.ops.kiln.linear_f32}
     results = []
     for rows in args.rows:
         times = {name: [] for name in ops}
@@ -60,10 +61,11 @@ def main() -> None:
         med = {name: statistics.median(t) for name, t in times.items()}
         results.append({"rows": rows, **{f"{n}_ms": med[n] * 1e3 for n in ops},
                         **{f"{n}_gbps": nbytes / med[n] / 1e9 for n in ops}})
-        print(f"M={rows:3d}  torch {med['torch'] * 1e3:7.1f} ms ({nbytes / med['torch'] / 1e9:5.1f} GB/s)   "
-              f"skinny {med['skinny'] * 1e3:7.1f} ms ({nbytes / med['skinny'] / 1e9:5.1f} GB/s)   "
-              f"speed-up {med['torch'] / med['skinny']:.2f}x")
-    out = Path("bench/results/skinny_linear.json")
+        flops = 2 * rows * nbytes / 4
+        print(f"M={rows:4d}  " + "   ".join(
+            f"{n} {med[n] * 1e3:7.1f} ms ({nbytes / med[n] / 1e9:5.1f} GB/s, {flops / med[n] / 1e9:5.1f} GFLOP/s)"
+            for n in ops) + f"   speed-up {med['torch'] / med['kiln']:.2f}x")
+    out = Path(f"bench/results/linear_f32_t{args.threads}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"threads": args.threads, "weight_bytes": nbytes, "results": results}, indent=1))
 

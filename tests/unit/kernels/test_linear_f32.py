@@ -1,0 +1,62 @@
+"""Kiln's fp32 CPU linear kernel against F.linear, and its row independence.
+
+Tolerance: fp32 dot products of length K summed in a different order than
+BLAS; |error| <= 1e-5 * sqrt(K) * max|x| * max|w| * a small factor.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.llm.kernels import ops
+from kiln.llm.kernels.build import cpu_supported
+from kiln.llm.layers.linear import Linear
+
+pytestmark = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
+
+
+def test_library_is_built_and_loads():
+    # `make` builds it; a missing library here means the install step failed.
+    assert ops.kernels_loaded()
+
+
+# 1-8 rows take the narrow micro-kernel, more the 4x3 one (with 1-3 row and
+# 1-2 column remainders: 9, 17, 130 rows against 301 weight rows).
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 130, ops.LINEAR_MAX_ROWS])
+@pytest.mark.parametrize("in_features", [13, 576, 1536])
+def test_matches_f_linear(rows, in_features):
+    g = torch.Generator().manual_seed(rows * 1000 + in_features)
+    x = torch.randn(rows, in_features, generator=g)
+    w = torch.randn(301, in_features, generator=g)
+    y = ops.linear_f32(x, w)
+    assert y is not None and y.shape == (rows, 301)
+    torch.testing.assert_close(y, F.linear(x, w), rtol=0, atol=2e-6 * in_features**0.5 * 16)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_each_row_is_independent_of_the_others(threads):
+    # Batch invariance relies on this: a row's result must not change with M,
+    # with the micro-kernel that M selects, or with the thread count.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(ops.LINEAR_MAX_ROWS, 1540, generator=g)  # K tail of 4: the scalar tail path too
+    w = torch.randn(500, 1540, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = ops.linear_f32(x, w)
+        for rows in (1, 5, 8, 9, 40):
+            for i in (0, rows - 1):
+                assert torch.equal(ops.linear_f32(x[:rows], w)[i], full[i])
+        assert torch.equal(ops.linear_f32(x[-1:], w), full[-1:])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_falls_back_where_it_does_not_apply():
+    w = torch.randn(10, 16)
+    assert ops.linear_f32(torch.randn(ops.LINEAR_MAX_ROWS + 1, 16), w) is None
+    assert ops.linear_f32(torch.randn(2, 16, dtype=torch.float64), w.double()) is None
+    assert ops.linear_f32(torch.randn(2, 16), w.t().contiguous().t()) is None  # non-contiguous weight
+    layer = Linear(16, 10)
+    layer.weight.data.copy_(w)
+    x = torch.randn(ops.LINEAR_MAX_ROWS + 5, 16)
+    torch.testing.assert_close(layer(x), F.linear(x, w))
