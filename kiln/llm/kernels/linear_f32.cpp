@@ -7,8 +7,9 @@
 // depend on M or on the other rows (batch invariance).
 //
 // Micro-kernel shapes:
-// - M <= 8 (decode, speculative verification): all rows against one w row,
-//   so each weight row leaves memory once; the step is bandwidth-bound.
+// - M <= 8 (decode, speculative verification): all rows against one w row
+//   (four w rows for M = 1, for enough independent FMA chains), so each
+//   weight row leaves memory once; the step is bandwidth-bound.
 // - M > 8: 4 x rows by 3 w rows, 12 accumulators in registers, 7 loads per
 //   12 FMAs; the step is compute-bound.
 // Weight rows are taken in tiles that stay in L2 while every group of x rows
@@ -67,6 +68,12 @@ constexpr int64_t kWeightTileBytes = 64 * 1024, kRowBlockBytes = 256 * 1024;
 // Rows [m0, m1) against w rows [n0, n1).
 void block(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t n0,
            int64_t n1) {
+  if (m1 - m0 == 1) {  // one FMA chain per w row is latency-bound: take 4 w rows per pass
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) micro<1, 4>(x + m0 * K, w + n * K, y + m0 * N + n, K, N);
+    for (; n < n1; ++n) micro<1, 1>(x + m0 * K, w + n * K, y + m0 * N + n, K, N);
+    return;
+  }
   if (m1 - m0 <= kNarrowMaxRows) {
     const MicroFn fn = kNarrow[m1 - m0];
     for (int64_t n = n0; n < n1; ++n) fn(x + m0 * K, w + n * K, y + m0 * N + n, K, N);
