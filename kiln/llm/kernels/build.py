@@ -17,7 +17,7 @@ import torch
 from torch.utils import cpp_extension
 
 HERE = Path(__file__).resolve().parent
-SOURCES = [HERE / "linear_f32.cpp", HERE / "paged_attention.cpp"]
+SOURCES = [HERE / "linear_f32.cpp", HERE / "paged_attention.cpp", HERE / "layer_ops.cpp"]
 LIBRARY = HERE / "_kiln_kernels.so"
 
 

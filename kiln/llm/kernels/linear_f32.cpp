@@ -22,13 +22,11 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include "simd.h"
+
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(_mm_hadd_ps(s, s));
-}
+using kiln_simd::hsum;
 
 // y[m, n] for m < MR, n < NR; x rows are K apart, w rows K apart, y rows ldy.
 template <int MR, int NR>

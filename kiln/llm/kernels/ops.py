@@ -75,3 +75,39 @@ def paged_decode_attention(
     return torch.ops.kiln.paged_decode_attention(
         q, k_pool, v_pool, block_tables, context_lens, block_size, head_dim**-0.5
     )
+
+
+def _fp32_cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and kernels_loaded()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """RMSNorm of x [M, K] rows in one call, or None when not fp32 CPU."""
+    if x.dim() != 2 or not _fp32_cpu(x, weight):
+        return None
+    return torch.ops.kiln.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rms_norm(x + residual), x + residual) in one call, or None."""
+    if x.dim() != 2 or not _fp32_cpu(x, residual, weight):
+        return None
+    return torch.ops.kiln.add_rms_norm(x, residual, weight, eps)
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Rotate-half RoPE on q [T, H, D] and k [T, KVH, D] in place; False
+    (nothing done) when not fp32 CPU."""
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or not _fp32_cpu(q, k, cos, sin):
+        return False
+    torch.ops.kiln.rotary_(q, k, cos, sin)
+    return True
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up for gate_up [T, 2I] = gate | up, or None."""
+    if gate_up.dim() != 2 or not _fp32_cpu(gate_up):
+        return None
+    return torch.ops.kiln.silu_mul(gate_up)

@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from kiln.llm.kernels import ops
 from kiln.llm.models.arch import RopeScaling
 
 
@@ -43,7 +44,10 @@ class RotaryEmbedding(torch.nn.Module):
 
     @staticmethod
     def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q: [T, H, D], k: [T, KVH, D]."""
+        """q: [T, H, D], k: [T, KVH, D]. The fused kernel rotates them in
+        place (they are views of a temporary qkv projection)."""
+        if ops.rotary_(q, k, cos, sin):
+            return q, k
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 

@@ -13,6 +13,7 @@ from torch import nn
 from kiln.errors import ModelLoadError
 from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
+from kiln.llm.kernels import ops
 from kiln.llm.layers.linear import Linear, linear
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
@@ -63,8 +64,12 @@ class LlamaMLP(nn.Module):
         self.reduce = _no_reduce
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.reduce(self.down_proj(F.silu(gate) * up))
+        gate_up = self.gate_up_proj(x)
+        act = ops.silu_mul(gate_up)
+        if act is None:
+            gate, up = gate_up.split(self.inter, dim=-1)
+            act = F.silu(gate) * up
+        return self.reduce(self.down_proj(act))
 
 
 class LlamaLayer(nn.Module):
@@ -76,8 +81,9 @@ class LlamaLayer(nn.Module):
         self.mlp = mlp or LlamaMLP(arch)
 
     def forward(self, x, rope, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
+        h, x = self.post_attention_layernorm.add_forward(attn, x)
+        return x + self.mlp(h)
 
 
 class LlamaModel(nn.Module):

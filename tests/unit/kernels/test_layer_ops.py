@@ -1,0 +1,75 @@
+"""Fused RMSNorm / residual add / rotary / SwiGLU kernels against the torch
+reference code they replace (kiln.llm.layers), to float rounding.
+
+Tolerances: the norm sums squares in another order (relative 1e-6); SiLU
+uses a polynomial exp (relative ~2e-7, so 1e-6 on outputs of order 1).
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.llm.kernels import ops
+from kiln.llm.kernels.build import cpu_supported
+from kiln.llm.layers.norm import RMSNorm, reference_rms_norm
+from kiln.llm.layers.rotary import RotaryEmbedding, _rotate
+
+pytestmark = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
+
+
+@pytest.mark.parametrize("rows, dim", [(1, 576), (37, 576), (5, 13)])
+def test_rms_norm_matches_reference(rows, dim):
+    g = torch.Generator().manual_seed(rows + dim)
+    x, w = torch.randn(rows, dim, generator=g) * 3, torch.randn(dim, generator=g)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-5), reference_rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+
+
+def test_add_rms_norm_returns_norm_of_sum_and_the_sum():
+    g = torch.Generator().manual_seed(1)
+    x, res, w = torch.randn(9, 576, generator=g), torch.randn(9, 576, generator=g), torch.randn(576, generator=g)
+    normed, total = ops.add_rms_norm(x, res, w, 1e-6)
+    assert torch.equal(total, x + res)
+    torch.testing.assert_close(normed, reference_rms_norm(x + res, w, 1e-6), rtol=1e-5, atol=1e-6)
+    layer = RMSNorm(576, 1e-6)
+    layer.weight.data.copy_(w)
+    fused = layer.add_forward(x, res)
+    torch.testing.assert_close(fused[0], normed, rtol=0, atol=0)
+
+
+def test_rotary_in_place_on_strided_views_of_a_fused_projection():
+    g = torch.Generator().manual_seed(2)
+    tokens, heads, kv_heads, d = 7, 9, 3, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=g)
+    rope = RotaryEmbedding(d, 128, 10000.0, None)
+    cos, sin = rope.tables(torch.tensor([0, 1, 5, 17, 3, 100, 127]))
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    q, k = q.view(tokens, heads, d), k.view(tokens, kv_heads, d)
+    want_q, want_k, v_before = _rotate(q.clone(), cos, sin), _rotate(k.clone(), cos, sin), v.clone()
+    assert ops.rotary_(q, k, cos, sin)
+    torch.testing.assert_close(q, want_q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k, want_k, rtol=1e-6, atol=1e-6)
+    assert torch.equal(v, v_before)  # the value slice of qkv is untouched
+
+
+def test_silu_mul_matches_reference_over_a_wide_range():
+    g = torch.Generator().manual_seed(3)
+    gate_up = torch.randn(6, 2 * 1539, generator=g) * 12  # odd width: the scalar tail too
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 90.0, -90.0])
+    gate, up = gate_up.split(1539, dim=-1)
+    torch.testing.assert_close(ops.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+def test_rows_do_not_depend_on_the_batch():
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(40, 576, generator=g), torch.randn(576, generator=g)
+    gu = torch.randn(40, 3072, generator=g)
+    assert torch.equal(ops.rms_norm(x, w, 1e-5)[7], ops.rms_norm(x[7:8], w, 1e-5)[0])
+    assert torch.equal(ops.silu_mul(gu)[7], ops.silu_mul(gu[7:8])[0])
+
+
+def test_other_dtypes_fall_back():
+    x = torch.randn(2, 16, dtype=torch.bfloat16)
+    assert ops.rms_norm(x, torch.ones(16, dtype=torch.bfloat16), 1e-5) is None
+    assert ops.silu_mul(x) is None
+    q = torch.randn(2, 3, 16, dtype=torch.bfloat16)
+    cos = torch.ones(2, 1, 8, dtype=torch.bfloat16)
+    assert not ops.rotary_(q, q.clone(), cos, cos)
