@@ -85,9 +85,9 @@ class SpecConfig:
     `max_batch_for_speculation` requests are running; a larger batch decodes
     plainly (verification costs more than it saves once the step is
     compute-bound). The default, 8, keeps a verification step at most
-    8 x (k + 1) = 40 rows for k = 4: inside the skinny CPU kernel's range, where
-    extra rows cost little (measured: at 16 requests n-gram speculation lost
-    9-11 % throughput; docs/benchmarks.md). Per request,
+    8 x (k + 1) = 40 rows for k = 4, where extra rows still cost little on
+    CPU (measured: at 16 requests n-gram speculation lost 9-11 % throughput;
+    docs/benchmarks.md). Per request,
     `SamplingParams.speculate=False` opts out.
     """
 

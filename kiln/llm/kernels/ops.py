@@ -53,6 +53,22 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.kiln.linear_f32(x, weight)
 
 
+def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """x [M, K] fp32 @ (weight int8 [N, K] * scales fp32 [N])^T with Kiln's
+    kernel (activations stay fp32, any M), or None when it does not apply."""
+    if (
+        x.dim() != 2
+        or x.dtype != torch.float32
+        or weight.dtype != torch.int8
+        or scales.dtype != torch.float32
+        or x.device.type != "cpu"
+        or not weight.is_contiguous()
+        or not kernels_loaded()
+    ):
+        return None
+    return torch.ops.kiln.linear_w8(x, weight, scales)
+
+
 def paged_decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, block_size: int,
