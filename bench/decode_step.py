@@ -1,8 +1,8 @@
 """Median decode-step time with B running requests (SmolLM2, fp32).
 
 B requests of 300-token prompts are admitted, enough steps run to finish
-their prefill (1024 prompt tokens per step), then 12 decode steps are timed. PROF=1 adds a torch profiler table
-over 5 more steps. Compare kernels with KILN_KERNELS=0 / 1:
+their prefill (1024 prompt tokens per step), then 12 decode steps are
+timed. PROF=1 adds a torch profiler table over 5 more steps. Compare kernels with KILN_KERNELS=0 / 1:
 
     KILN_KERNELS=1 .venv/bin/python bench/decode_step.py 32 1   # B=32, 1 thread
 """

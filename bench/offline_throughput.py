@@ -16,8 +16,8 @@ threads, allocations or warm caches.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import json
+import multiprocessing
 import os
 import sys
 import time
