@@ -10,6 +10,7 @@ import torch
 from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.engine.core import EngineCore
+from kiln.llm.layers.linear import pack_for_prefill
 from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
 from kiln.llm.models.default_model import default_model_path
 from kiln.llm.models.llama import LlamaModel
@@ -36,10 +37,13 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int
 
 
 def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) -> LlamaModel:
-    """Loaded float32 model -> device, quantized (if asked), compute dtype."""
+    """Loaded float32 model -> device, quantized (if asked), compute dtype,
+    fp32 CPU projections packed for prefill."""
     model = model.to(device=device)
     quantize_model(model, config.model.quantization, config.model.quant_group_size)
-    return model.to(dtype=DTYPES[config.model.dtype]).eval()
+    model = model.to(dtype=DTYPES[config.model.dtype]).eval()
+    pack_for_prefill(model)
+    return model
 
 
 def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:

@@ -185,16 +185,22 @@ def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
 
 
 def pick_torch_threads() -> int:
-    """Leave one core to the API process (HTTP, tokenization, detokenization).
+    """One intra-op thread per core this process may run on.
 
-    Intra-op threads that outnumber the free cores spin against each other:
-    on a busy 2-core machine a small matmul took 55x longer with 2 threads
-    than with 1. OMP_NUM_THREADS, when set, wins.
+    The engine step is the server's hot path; the API process (HTTP,
+    tokenization, detokenization) used ~6% of the engine's CPU time in the
+    serving benchmark. Measured on the 2-core box with `kiln serve` +
+    `kiln bench serve` (bench/compare.py --serve, 16 prompts of 64-512
+    tokens): 2 threads gave 48 / 64 output tok/s at 0.5 req/s / all at once,
+    1 thread 37 / 39, and TTFT p99 2.0 s vs 3.6 s at 0.5 req/s. On a machine
+    shared with other busy processes fewer threads can win (threads that
+    outnumber the free cores wait on each other at every parallel region):
+    OMP_NUM_THREADS, when set, wins.
     """
     import torch
 
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
     return torch.get_num_threads()
 
 

@@ -2,7 +2,8 @@
 
 Run once at install time (`make` does): `python -m kiln.llm.kernels.build`.
 Needs a C++20 compiler; without one (or on a CPU without AVX2/FMA) the build
-is skipped and Kiln runs on PyTorch's own kernels. The library is loaded with
+is skipped and Kiln runs on PyTorch's own kernels (every AVX2 CPU also has
+F16C, used for fp16 int4 scales). The library is loaded with
 `torch.ops.load_library`, so nothing is compiled while a server starts.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ def compile_command(output: Path) -> list[str]:
     lib_dirs = cpp_extension.library_paths()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
-        shutil.which("c++") or "g++", "-O3", "-mavx2", "-mfma", "-std=c++20", "-fopenmp", "-shared", "-fPIC",
+        shutil.which("c++") or "g++", "-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++20", "-fopenmp", "-shared", "-fPIC",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, *map(str, SOURCES), "-o", str(output),
         *[f"-L{d}" for d in lib_dirs], *[f"-Wl,-rpath,{d}" for d in lib_dirs], "-lc10", "-ltorch_cpu",
     ]

@@ -1,6 +1,7 @@
 // fp32-activation linear for CPU: y[M,N] = x[M,K] @ w[N,K]^T, weights as
-// stored (no repacking): fp32, or int8 with a per-row scale (weight-only
-// quantization; the int8 values are widened in registers, never in memory).
+// stored: fp32, int8 with a per-row scale, or int4 in groups with an fp16
+// scale and min per group (weight-only quantization; the codes are widened in
+// registers, never in memory).
 //
 // Every output is a dot product of an x row and a w row, accumulated along K
 // eight lanes at a time, then summed across lanes and the K tail in a fixed
@@ -24,11 +25,19 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <utility>
+
 #include "simd.h"
 
 namespace {
 
 using kiln_simd::hsum;
+
+// Weight rows are software-prefetched this many micro-kernel passes ahead.
+#ifndef KILN_PREFETCH_PASSES
+#define KILN_PREFETCH_PASSES 1
+#endif
+constexpr int kPrefetchPasses = KILN_PREFETCH_PASSES;
 
 // Eight weights as floats: fp32 as stored, int8 widened (its per-row scale is
 // applied once to the finished dot product).
@@ -37,117 +46,213 @@ inline __m256 load8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-// y[m, n] for m < MR, n < NR; x rows are K apart, w rows K apart, y rows ldy;
-// scale: per-w-row factors (int8 weights) or nullptr.
-template <typename W, int MR, int NR>
-void micro(const float* __restrict x, const W* __restrict w, const float* scale, float* __restrict y, int64_t K,
-           int64_t ldy) {
-  __m256 acc[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    // The next NR weight rows follow these in memory: request them a line at
-    // a time while these are computed (the hardware prefetcher alone falls
-    // behind on int8 rows, which take a quarter of fp32's compute per line).
-    if ((k * sizeof(W)) % 64 == 0)
-      for (int n = 0; n < NR; ++n) _mm_prefetch(reinterpret_cast<const char*>(w + (NR + n) * K + k), _MM_HINT_T0);
-    __m256 wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = load8(w + n * K + k);
-    for (int m = 0; m < MR; ++m) {
-      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
-      for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
+// A problem is y[M, N] = x[M, K] @ W^T for one weight format; its micro<MR,
+// NR>(m, n) computes y[m .. m+MR, n .. n+NR]. Kernels<P> below tiles and
+// threads any of them the same way.
+
+// fp32 or int8 weight rows [N, K] (int8: scale[n] applied to the finished sum).
+template <typename W>
+struct DenseProblem {
+  const float* x;
+  const W* w;
+  const float* scale;
+  float* y;
+  int64_t K, N;
+
+  int64_t row_bytes() const { return K * static_cast<int64_t>(sizeof(W)); }
+
+  template <int MR, int NR>
+  void micro(int64_t m0, int64_t n0) const {
+    const float* __restrict xr = x + m0 * K;
+    const W* __restrict wr = w + n0 * K;
+    __m256 acc[MR][NR];
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+      // The next NR weight rows follow these in memory: request them a line
+      // at a time while these are computed (the hardware prefetcher alone
+      // falls behind on int8 rows, which take a quarter of fp32's compute per
+      // line).
+      if ((k * sizeof(W)) % 64 == 0)
+        for (int n = 0; n < NR; ++n)
+          _mm_prefetch(reinterpret_cast<const char*>(wr + (kPrefetchPasses * NR + n) * K + k), _MM_HINT_T0);
+      __m256 wv[NR];
+      for (int n = 0; n < NR; ++n) wv[n] = load8(wr + n * K + k);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 xv = _mm256_loadu_ps(xr + m * K + k);
+        for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
+      }
     }
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) {
+        float s = hsum(acc[m][n]);
+        for (int64_t t = k; t < K; ++t) s += xr[m * K + t] * static_cast<float>(wr[n * K + t]);
+        y[(m0 + m) * N + n0 + n] = scale ? s * scale[n0 + n] : s;
+      }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NR; ++n) {
-      float s = hsum(acc[m][n]);
-      for (int64_t t = k; t < K; ++t) s += x[m * K + t] * static_cast<float>(w[n * K + t]);
-      y[m * ldy + n] = scale ? s * scale[n] : s;
+};
+
+// int4 weights in groups of G along K (G % 32 == 0, K % 64 == 0, K % G == 0):
+// codes [N, K/2] bytes, each run of 64 weights of a row as eight
+// little-endian 32-bit words, word j holding weight 8s + j of the run in bits
+// 4s .. 4s+3 (s = 0..7): eight weights, one per lane, come out of one
+// register with a shift and a mask, no byte shuffles. scale_min
+// [N, K/G, 2] fp16 (scale, min): w = q * scale + min, dequantized in registers
+// with one FMA; then the dot product runs as for fp32 weights.
+struct Int4Problem {
+  const float* x;
+  const uint8_t* codes;
+  const uint16_t* scale_min;
+  float* y;
+  int64_t K, N, G;
+
+  int64_t row_bytes() const { return K / 2; }
+
+  template <int MR, int NR>
+  void micro(int64_t m0, int64_t n0) const {
+    const float* __restrict xr = x + m0 * K;
+    const int64_t row_stride = K / 2, groups = K / G;
+    const __m256i low4 = _mm256_set1_epi32(0x0F);
+    __m256 acc[MR][NR];
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < K; b += 64) {
+      const uint8_t* run = codes + n0 * row_stride + b / 2;
+      if (b % 128 == 0)  // one cache line of each of the next rows (see DenseProblem)
+        for (int n = 0; n < NR; ++n)
+          _mm_prefetch(reinterpret_cast<const char*>(run + (kPrefetchPasses * NR + n) * row_stride), _MM_HINT_T0);
+      __m256i words[NR];
+      __m256 sv[NR][2], mv[NR][2];  // [n][half of the run]: groups of 32 change mid-run
+      for (int n = 0; n < NR; ++n) {
+        words[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + n * row_stride));
+        const uint16_t* p = scale_min + ((n0 + n) * groups + b / G) * 2;
+        const __m128 f = _mm_cvtph_ps(G == 32 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
+                                               : _mm_cvtsi32_si128(static_cast<int>(p[0] | (uint32_t{p[1]} << 16))));
+        sv[n][0] = _mm256_broadcastss_ps(f);
+        mv[n][0] = _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 1));
+        sv[n][1] = G == 32 ? _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 2)) : sv[n][0];
+        mv[n][1] = G == 32 ? _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 3)) : mv[n][0];
+      }
+      // Weights b + 8s .. b + 8s + 7: nibble s of every word.
+      [&]<int... S>(std::integer_sequence<int, S...>) {
+        ([&] {
+          __m256 wv[NR];
+          for (int n = 0; n < NR; ++n) {
+            const __m256i q = _mm256_and_si256(S ? _mm256_srli_epi32(words[n], 4 * S) : words[n], low4);
+            wv[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), sv[n][S / 4], mv[n][S / 4]);
+          }
+          for (int m = 0; m < MR; ++m) {
+            const __m256 xv = _mm256_loadu_ps(xr + m * K + b + 8 * S);
+            for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
+          }
+        }(), ...);
+      }(std::make_integer_sequence<int, 8>{});
     }
-}
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) y[(m0 + m) * N + n0 + n] = hsum(acc[m][n]);
+  }
+};
 
 constexpr int64_t kNarrowMaxRows = 8, kWideRows = 4, kWideCols = 3;
 constexpr int64_t kWeightTileBytes = 64 * 1024, kRowBlockBytes = 256 * 1024;
 
-template <typename W>
+template <typename P>
 struct Kernels {
-  using Fn = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t);
+  using Fn = void (*)(const P&, int64_t, int64_t);
+  template <int MR, int NR>
+  static void call(const P& p, int64_t m, int64_t n) {
+    p.template micro<MR, NR>(m, n);
+  }
   // narrow[m]: m rows against one w row. wide[m][n]: m <= 4 rows by n <= 3 w rows.
-  static constexpr Fn narrow[9] = {nullptr,          micro<W, 1, 1>, micro<W, 2, 1>,
-                                   micro<W, 3, 1>, micro<W, 4, 1>, micro<W, 5, 1>,
-                                   micro<W, 6, 1>, micro<W, 7, 1>, micro<W, 8, 1>};
+  static constexpr Fn narrow[9] = {nullptr,     call<1, 1>, call<2, 1>, call<3, 1>, call<4, 1>,
+                                   call<5, 1>, call<6, 1>, call<7, 1>, call<8, 1>};
   static constexpr Fn wide[5][4] = {{nullptr},
-                                    {nullptr, micro<W, 1, 1>, micro<W, 1, 2>, micro<W, 1, 3>},
-                                    {nullptr, micro<W, 2, 1>, micro<W, 2, 2>, micro<W, 2, 3>},
-                                    {nullptr, micro<W, 3, 1>, micro<W, 3, 2>, micro<W, 3, 3>},
-                                    {nullptr, micro<W, 4, 1>, micro<W, 4, 2>, micro<W, 4, 3>}};
+                                    {nullptr, call<1, 1>, call<1, 2>, call<1, 3>},
+                                    {nullptr, call<2, 1>, call<2, 2>, call<2, 3>},
+                                    {nullptr, call<3, 1>, call<3, 2>, call<3, 3>},
+                                    {nullptr, call<4, 1>, call<4, 2>, call<4, 3>}};
 
   // Rows [m0, m1) against w rows [n0, n1).
-  static void block(const float* x, const W* w, const float* scale, float* y, int64_t K, int64_t N, int64_t m0,
-                    int64_t m1, int64_t n0, int64_t n1) {
-    auto at = [scale](int64_t n) { return scale ? scale + n : nullptr; };
+  static void block(const P& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     if (m1 - m0 == 1) {  // one FMA chain per w row is latency-bound: take 4 w rows per pass
       int64_t n = n0;
-      for (; n + 4 <= n1; n += 4) micro<W, 1, 4>(x + m0 * K, w + n * K, at(n), y + m0 * N + n, K, N);
-      for (; n < n1; ++n) micro<W, 1, 1>(x + m0 * K, w + n * K, at(n), y + m0 * N + n, K, N);
+      for (; n + 4 <= n1; n += 4) call<1, 4>(p, m0, n);
+      for (; n < n1; ++n) call<1, 1>(p, m0, n);
       return;
     }
     if (m1 - m0 <= kNarrowMaxRows) {
       const Fn fn = narrow[m1 - m0];
-      for (int64_t n = n0; n < n1; ++n) fn(x + m0 * K, w + n * K, at(n), y + m0 * N + n, K, N);
+      for (int64_t n = n0; n < n1; ++n) fn(p, m0, n);
       return;
     }
     for (int64_t m = m0; m < m1; m += kWideRows) {
       const int64_t mr = std::min(kWideRows, m1 - m);
-      for (int64_t n = n0; n < n1; n += kWideCols) {
-        const int64_t nr = std::min(kWideCols, n1 - n);
-        wide[mr][nr](x + m * K, w + n * K, at(n), y + m * N + n, K, N);
-      }
+      for (int64_t n = n0; n < n1; n += kWideCols) wide[mr][std::min(kWideCols, n1 - n)](p, m, n);
     }
   }
 
-  static at::Tensor run(const at::Tensor& x_in, const at::Tensor& w, const float* scale) {
-    const at::Tensor x = x_in.contiguous();
-    const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-    at::Tensor y = at::empty({M, N}, x.options());
-    const float* xp = x.const_data_ptr<float>();
-    const W* wp = w.const_data_ptr<W>();
-    float* yp = y.mutable_data_ptr<float>();
-    const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W)), x_row_bytes = K * 4;
-    const int64_t tile = std::max<int64_t>(kWideCols, kWeightTileBytes / row_bytes / kWideCols * kWideCols);
+  static void run(const P& p, int64_t M) {
+    const int64_t K = p.K, N = p.N;
+    const int64_t tile = std::max<int64_t>(kWideCols, kWeightTileBytes / p.row_bytes() / kWideCols * kWideCols);
     // A row block is a multiple of the wide kernel's rows, or all of a small M.
-    const int64_t rows = M <= kNarrowMaxRows
-                             ? M
-                             : std::max<int64_t>(kWideRows, kRowBlockBytes / x_row_bytes / kWideRows * kWideRows);
+    const int64_t rows =
+        M <= kNarrowMaxRows ? M : std::max<int64_t>(kWideRows, kRowBlockBytes / (K * 4) / kWideRows * kWideRows);
     at::parallel_for(0, N, 4 * kWideCols, [&](int64_t n_begin, int64_t n_end) {
       for (int64_t m0 = 0; m0 < M; m0 += rows) {
         const int64_t m1 = std::min(M, m0 + rows);
-        for (int64_t t0 = n_begin; t0 < n_end; t0 += tile)
-          block(xp, wp, scale, yp, K, N, m0, m1, t0, std::min(n_end, t0 + tile));
+        for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) block(p, m0, m1, t0, std::min(n_end, t0 + tile));
       }
     });
-    return y;
   }
 };
 
-void check_operands(const at::Tensor& x, const at::Tensor& w, at::ScalarType wtype, const char* name) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), name, ": shape mismatch");
+void check_operands(const at::Tensor& x, const at::Tensor& w, int64_t k, at::ScalarType wtype, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == k, name, ": shape mismatch");
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == wtype, name, ": operand dtypes");
   TORCH_CHECK(w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(), name, ": contiguous CPU weight required");
 }
 
+template <typename W>
+at::Tensor dense(const at::Tensor& x_in, const at::Tensor& w, const float* scale) {
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
+  const DenseProblem<W> p{x.const_data_ptr<float>(), w.const_data_ptr<W>(), scale, y.mutable_data_ptr<float>(),
+                          x.size(1), w.size(0)};
+  Kernels<DenseProblem<W>>::run(p, x.size(0));
+  return y;
+}
+
 at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w) {
-  check_operands(x, w, at::kFloat, "linear_f32");
-  return Kernels<float>::run(x, w, nullptr);
+  check_operands(x, w, w.size(1), at::kFloat, "linear_f32");
+  return dense<float>(x, w, nullptr);
 }
 
 // x fp32 [M, K] @ (w int8 [N, K] * scales fp32 [N])^T, activations kept in fp32.
 at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales_in) {
-  check_operands(x, w, at::kChar, "linear_w8");
+  check_operands(x, w, w.size(1), at::kChar, "linear_w8");
   const at::Tensor scales = scales_in.contiguous();
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == w.size(0), "linear_w8: fp32 scales [N] required");
-  return Kernels<int8_t>::run(x, w, scales.const_data_ptr<float>());
+  return dense<int8_t>(x, w, scales.const_data_ptr<float>());
+}
+
+// x fp32 [M, K] @ int4-group weights (Int4Problem's layout)^T.
+at::Tensor linear_w4(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scale_min_in,
+                     int64_t group_size) {
+  const int64_t K = codes.size(1) * 2, N = codes.size(0);
+  check_operands(x_in, codes, K, at::kByte, "linear_w4");
+  TORCH_CHECK(group_size > 0 && group_size % 32 == 0 && K % group_size == 0 && K % 64 == 0,
+              "linear_w4: group_size must be a multiple of 32 dividing K, and K a multiple of 64");
+  const at::Tensor scale_min = scale_min_in.contiguous();
+  TORCH_CHECK(scale_min.scalar_type() == at::kHalf && scale_min.numel() == N * (K / group_size) * 2,
+              "linear_w4: fp16 scale_min [N, K/G, 2] required");
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  const Int4Problem p{x.const_data_ptr<float>(), codes.const_data_ptr<uint8_t>(),
+                      reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()),
+                      y.mutable_data_ptr<float>(), K, N, group_size};
+  Kernels<Int4Problem>::run(p, x.size(0));
+  return y;
 }
 
 }  // namespace
@@ -155,8 +260,10 @@ at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("linear_f32(Tensor x, Tensor w) -> Tensor");
   m.def("linear_w8(Tensor x, Tensor w, Tensor scales) -> Tensor");
+  m.def("linear_w4(Tensor x, Tensor codes, Tensor scale_min, int group_size) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("linear_f32", linear_f32);
   m.impl("linear_w8", linear_w8);
+  m.impl("linear_w4", linear_w4);
 }

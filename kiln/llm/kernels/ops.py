@@ -20,6 +20,10 @@ log = logging.getLogger(__name__)
 # CPU (bench/linear_f32.py measures the crossover); above, prefill chunks
 # take torch's BLAS.
 LINEAR_MAX_ROWS = 192
+# Where a layer also holds a oneDNN-packed copy of its weight (pack_linear_weight),
+# more rows than this take oneDNN: on the 2-core Zen3 box it beats Kiln's
+# kernel from 32-48 rows and MKL by 15-28% at 128-1024 rows (bench/linear_f32.py).
+PACKED_MIN_ROWS = 32
 
 
 @functools.cache
@@ -53,6 +57,23 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.kiln.linear_f32(x, weight)
 
 
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's blocked layout of an fp32 CPU weight [N, K] (an extra copy,
+    the size of the weight), or None where oneDNN is unavailable."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+    except (AttributeError, RuntimeError):  # a torch build without the op
+        return None
+
+
+def linear_packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [M, K] fp32 @ W^T with W as packed by pack_linear_weight. Each row's
+    result does not depend on M (checked in tests/unit/kernels)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
 def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """x [M, K] fp32 @ (weight int8 [N, K] * scales fp32 [N])^T with Kiln's
     kernel (activations stay fp32, any M), or None when it does not apply."""
@@ -67,6 +88,23 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> to
     ):
         return None
     return torch.ops.kiln.linear_w8(x, weight, scales)
+
+
+def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor | None:
+    """x [M, K] fp32 @ int4-group weights^T (codes uint8 [N, K/2], scale_min
+    fp16 [N, K/G, 2]; layout in linear_f32.cpp's Int4Problem) with Kiln's
+    kernel (activations stay fp32, any M), or None when it does not apply."""
+    if (
+        x.dim() != 2
+        or x.dtype != torch.float32
+        or codes.dtype != torch.uint8
+        or scale_min.dtype != torch.float16
+        or x.device.type != "cpu"
+        or not codes.is_contiguous()
+        or not kernels_loaded()
+    ):
+        return None
+    return torch.ops.kiln.linear_w4(x, codes, scale_min, group_size)
 
 
 def paged_decode_attention(

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.llm.kernels.ops import linear_f32
+from kiln.llm.kernels.ops import PACKED_MIN_ROWS, linear_f32, linear_packed, pack_linear_weight
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -23,14 +23,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight) if y is None else y
 
 
+def pack_for_prefill(model: nn.Module) -> int:
+    """Give every fp32 CPU `Linear` of a finished model a oneDNN-packed copy
+    of its weight for prefill-sized inputs; returns how many got one. Run
+    last: the copy does not follow later changes to the weight."""
+    packed = 0
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.packed = pack_linear_weight(module.weight)
+            packed += module.packed is not None
+    return packed
+
+
 class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        # oneDNN copy of the weight (pack_for_prefill); a plain attribute, so
+        # state_dict and .to() leave it alone and forward checks the dtype.
+        self.packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and x.shape[0] > PACKED_MIN_ROWS and x.dtype == torch.float32 and x.dim() == 2:
+            return linear_packed(x, self.packed)
         return linear(x, self.weight)
 
     def extra_repr(self) -> str:

@@ -22,6 +22,7 @@ from torch import nn
 
 from kiln.llm.layers.linear import Linear
 from kiln.llm.quant.int4 import Int4Linear, int4_supported
+from kiln.llm.quant.int4_cpu import Int4CpuLinear, int4_cpu_supported
 from kiln.llm.quant.int8 import Int8Linear
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ def quantize_weight(weight: torch.Tensor, method: str, group_size: int) -> nn.Mo
     """A quantized module computing x @ weight^T, or None if the shape is unsupported."""
     if method == "int8":
         return Int8Linear.from_float(weight)
+    if int4_cpu_supported(weight, group_size):
+        return Int4CpuLinear.from_float(weight, group_size)
     out_features, in_features = weight.shape
     if not int4_supported(in_features, out_features, group_size, weight.device):
         return None

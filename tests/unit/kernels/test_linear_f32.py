@@ -75,3 +75,42 @@ def test_int8_weights_match_f_linear_on_the_dequantized_weight(rows):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
     assert torch.equal(ops.linear_w8(x[-1:], q, scales), y[-1:])  # row independence
     assert ops.linear_w8(x, q.float(), scales) is None  # not int8: not this kernel
+
+
+@pytest.mark.skipif(ops.pack_linear_weight(torch.zeros(2, 2)) is None, reason="torch built without oneDNN")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_onednn_packed_weight_rows_are_independent_and_match_f_linear(threads):
+    # Prefill-sized inputs take oneDNN with a packed weight; batch invariance
+    # needs each row's result to be the same whatever M is.
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(960, 576, generator=g)
+    x = torch.randn(300, 576, generator=g)
+    packed = ops.pack_linear_weight(w)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = ops.linear_packed(x, packed)
+        torch.testing.assert_close(full, F.linear(x, w), rtol=0, atol=2e-6 * 576**0.5 * 16)
+        for rows in (1, 7, 33, 64, 299):
+            assert torch.equal(ops.linear_packed(x[:rows], packed), full[:rows])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_layer_uses_the_packed_copy_only_for_prefill_sized_fp32_inputs(monkeypatch):
+    from kiln.llm.layers import linear as linear_mod
+
+    layer = Linear(64, 48)
+    layer.weight.data.normal_()
+    assert linear_mod.pack_for_prefill(layer) == (1 if ops.pack_linear_weight(layer.weight) is not None else 0)
+    calls = []
+    monkeypatch.setattr(linear_mod, "linear_packed", lambda x, p: calls.append(x.shape[0]) or F.linear(x, layer.weight))
+    layer.packed = layer.packed if layer.packed is not None else layer.weight  # exercise routing without oneDNN too
+    for rows in (1, ops.PACKED_MIN_ROWS, ops.PACKED_MIN_ROWS + 1, 500):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-4)
+    assert calls == [ops.PACKED_MIN_ROWS + 1, 500]
+    layer.double()  # another dtype: the packed fp32 copy is not used
+    x = torch.randn(100, 64, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
+    assert calls == [ops.PACKED_MIN_ROWS + 1, 500]

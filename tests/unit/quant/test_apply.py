@@ -12,8 +12,13 @@ from kiln.llm.layers.linear import Linear
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.quant import quantize_model
+from kiln.llm.kernels.ops import kernels_loaded
 from kiln.llm.quant.int4 import Int4Linear
+from kiln.llm.quant.int4_cpu import Int4CpuLinear
 from kiln.llm.quant.int8 import Int8Linear
+
+# On CPU int4 takes Kiln's kernel format where the library is built, else torch's.
+INT4 = Int4CpuLinear if kernels_loaded() else Int4Linear
 
 ARCH = LlamaArch(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -42,7 +47,7 @@ def logits(model, n=12):
         return model.compute_logits(model(torch.arange(3, 3 + n), pos, kv, meta))
 
 
-@pytest.mark.parametrize("method,cls,rtol", [("int8", Int8Linear, 0.03), ("int4", Int4Linear, 0.25)])
+@pytest.mark.parametrize("method,cls,rtol", [("int8", Int8Linear, 0.03), ("int4", INT4, 0.25)])
 @pytest.mark.parametrize("tied", [True, False])
 def test_every_linear_and_the_head_are_quantized(method, cls, rtol, tied):
     model = random_model(tied)
@@ -69,7 +74,7 @@ def test_none_leaves_the_model_alone():
 def test_int4_head_on_request_and_float_head():
     model = random_model()
     quantize_model(model, "int4", head_method="int4")
-    assert isinstance(model.logits_head, Int4Linear)
+    assert isinstance(model.logits_head, INT4)
     model = random_model()
     quantize_model(model, "int8", head_method=None)
     assert model.logits_head is None
@@ -79,7 +84,7 @@ def test_int4_unsupported_shapes_stay_float():
     model = random_model()
     quantize_model(model, "int4", group_size=128, head_method="int4")  # hidden 64 is not a multiple of 128, intermediate 128 is
     assert sum(isinstance(m, Linear) for m in model.modules()) == 3 * ARCH.num_layers
-    assert all(isinstance(layer.mlp.down_proj, Int4Linear) for layer in model.layers)
+    assert all(isinstance(layer.mlp.down_proj, INT4) for layer in model.layers)
     assert model.logits_head is None
 
 

@@ -1,0 +1,104 @@
+"""int4 group-wise Linear in the format of Kiln's CPU kernel (`linear_w4`).
+
+The quantization is int4.py's (asymmetric, one scale and one offset per run
+of `group_size` weights along the input dimension); the storage differs:
+
+    codes      uint8 [N, K/2]: each run of 64 weights of a row as eight
+               little-endian 32-bit words, word j holding weight 8s + j of
+               the run in bits 4s .. 4s+3 (s = 0..7), so the kernel takes
+               eight weights out of a register with one shift and one mask
+    scale_min  float16 [N, K/G, 2]: (scale, min), w = q * scale + min
+
+fp16 parameters cost 0.125 bytes per weight at groups of 32 (fp32: 0.25),
+which matters because batch-1 decode is bound by the bytes it reads; they
+are what GGUF Q4_1 stores too. `quantize_int4_fp16` picks the codes against
+the fp16-rounded grid, so the error per weight stays within half a step
+(plus fp16 rounding of the min).
+
+Activations stay float32: the kernel widens the codes in registers and
+dequantizes with one FMA. Where the kernel does not apply (library absent,
+another device) forward dequantizes and runs F.linear, so results agree
+within float rounding.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kiln.llm.kernels.ops import kernels_loaded, linear_w4
+from kiln.llm.quant.base import QuantizedLinear
+
+RUN = 64  # weights per 32-byte run of codes
+FP16_MAX = 65504.0
+
+
+def int4_cpu_supported(weight: torch.Tensor, group_size: int) -> bool:
+    """Whether `weight` [N, K] can take Kiln's CPU int4 kernel."""
+    return (
+        weight.device.type == "cpu"
+        and kernels_loaded()
+        and group_size % 32 == 0
+        and weight.shape[1] % group_size == 0
+        and weight.shape[1] % RUN == 0
+        and bool(weight.abs().amax() < FP16_MAX / 2)  # scale and min fit fp16
+    )
+
+
+def quantize_int4_fp16(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (q int32 [N, K] in 0..15, scale_min float16 [N, K/G, 2])."""
+    n, k = weight.shape
+    w = weight.float().reshape(n, k // group_size, group_size)
+    lo, hi = w.amin(dim=2), w.amax(dim=2)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-6).half()
+    low = lo.half()
+    q = torch.round((w - low.float()[..., None]) / scale.float()[..., None]).clamp(0, 15).to(torch.int32)
+    return q.reshape(n, k), torch.stack([scale, low], dim=-1).contiguous()
+
+
+def pack_codes(q: torch.Tensor) -> torch.Tensor:
+    """int32 codes [N, K] in 0..15 -> uint8 [N, K/2] in the kernel's layout."""
+    n, k = q.shape
+    runs = q.reshape(n, k // RUN, 8, 8).to(torch.int64)  # [row, run, s, j]
+    words = (runs << (4 * torch.arange(8)).view(1, 1, 8, 1)).sum(dim=2)  # [row, run, j]
+    return torch.from_numpy(words.numpy().astype("<u4").view(np.uint8).reshape(n, k // 2))
+
+
+def unpack_codes(codes: torch.Tensor) -> torch.Tensor:
+    n, half_k = codes.shape
+    words = torch.from_numpy(codes.numpy().view("<u4").astype(np.int64)).reshape(n, half_k // 32, 1, 8)
+    return ((words >> (4 * torch.arange(8)).view(1, 1, 8, 1)) & 0x0F).to(torch.int32).reshape(n, half_k * 2)
+
+
+class Int4CpuLinear(QuantizedLinear):
+    _kernel_buffers = ("scale_min",)
+
+    def __init__(self, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int):
+        super().__init__()
+        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * 2
+        self.group_size = group_size
+        self.register_buffer("codes", codes.contiguous())
+        self.register_buffer("scale_min", scale_min.contiguous())
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, group_size: int) -> "Int4CpuLinear":
+        q, scale_min = quantize_int4_fp16(weight, group_size)
+        return cls(pack_codes(q), scale_min, group_size)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """float32 [N, K]: q * scale + min (the kernel fuses it into one FMA;
+        equal up to one rounding, exactly for GGUF Q4_1 parameters)."""
+        n, k = self.out_features, self.in_features
+        q = unpack_codes(self.codes).float().reshape(n, k // self.group_size, self.group_size)
+        sm = self.scale_min.float()
+        return torch.addcmul(sm[..., 1:], q, sm[..., :1]).reshape(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).float()
+        y = linear_w4(x2, self.codes, self.scale_min, self.group_size)
+        if y is None:
+            y = F.linear(x2, self.dequantized_weight().to(x2.device))
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 group_size={self.group_size} (Kiln CPU kernel)"

@@ -1,0 +1,112 @@
+"""int4 in Kiln's CPU kernel format: the packed layout,
+the quantization error bound with fp16 parameters, the kernel against fp64
+F.linear on the dequantized weight, row independence, and the fallback."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.llm.kernels import ops
+from kiln.llm.kernels.build import cpu_supported
+from kiln.llm.quant import int4_cpu
+from kiln.llm.quant.gguf_q4_1 import q4_1_to_int4
+from kiln.llm.quant.int4_cpu import Int4CpuLinear, pack_codes, quantize_int4_fp16, unpack_codes
+
+needs_kernels = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
+
+
+def weight(n=301, k=1536, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[2, :32] += 0.3  # an offset group
+    w[7, 32:64] = 0.01  # a constant group
+    return w
+
+
+def test_pack_puts_eight_weights_per_word_one_nibble_per_step():
+    q = torch.randint(0, 16, (2, 128), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    codes = pack_codes(q)
+    assert codes.shape == (2, 64) and codes.dtype == torch.uint8
+    words = codes.numpy().view("<u4").reshape(2, 2, 8)  # [row, run of 64, word j]
+    for s in range(8):
+        for j in range(8):
+            assert (words[1, 1, j] >> (4 * s)) & 0xF == q[1, 64 + 8 * s + j]
+    assert torch.equal(unpack_codes(codes), q)
+
+
+def test_gguf_q4_1_codes_pack_without_a_float_round_trip():
+    rng = np.random.default_rng(0)
+    rows, cols = 3, 128
+    blocks = np.zeros((rows, cols // 32, 20), dtype=np.uint8)
+    blocks[..., 0:2] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    blocks[..., 4:] = rng.integers(0, 256, (rows, cols // 32, 16), dtype=np.uint8)
+    q, _, _ = q4_1_to_int4(blocks.reshape(rows, -1), rows, cols)
+    assert torch.equal(unpack_codes(pack_codes(q)), q)
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_round_trip_within_half_a_step_plus_fp16_rounding(group_size):
+    w = weight(96, 256)
+    q, scale_min = quantize_int4_fp16(w, group_size)
+    assert int(q.min()) >= 0 and int(q.max()) <= 15 and scale_min.dtype == torch.float16
+    layer = Int4CpuLinear(pack_codes(q), scale_min, group_size)
+    err = (layer.dequantized_weight() - w).abs().reshape(96, 256 // group_size, group_size)
+    step = scale_min[..., 0].float()[..., None]
+    low = scale_min[..., 1].float().abs()[..., None]
+    assert (err <= step / 2 * (1 + 1e-3) + low * 2**-11 + 1e-6).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 5, 9, 200])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_kernel_matches_f_linear_on_the_dequantized_weight(rows, group_size):
+    # Activations stay fp32 and the weights dequantize exactly as
+    # dequantized_weight() says (up to one rounding of q * scale + min), so
+    # only summation order separates the kernel from fp64 math.
+    layer = Int4CpuLinear.from_float(weight(), group_size)
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
+    y = ops.linear_w4(x, layer.codes, layer.scale_min, group_size)
+    ref = F.linear(x.double(), layer.dequantized_weight().double()).float()
+    assert y is not None and y.shape == (rows, 301)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    torch.testing.assert_close(layer(x), y, rtol=0, atol=0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 2])
+def test_each_row_is_independent_of_the_others(threads):
+    layer = Int4CpuLinear.from_float(weight(), 64)
+    x = torch.randn(40, 1536, generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = layer(x)
+        for rows in (1, 5, 8, 9, 13):
+            assert torch.equal(layer(x[:rows]), full[:rows])
+        assert torch.equal(layer(x[-1:]), full[-1:])
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernels
+def test_kernel_rejects_what_it_does_not_take():
+    layer = Int4CpuLinear.from_float(weight(8, 64), 32)
+    x = torch.randn(2, 64)
+    assert ops.linear_w4(x.double(), layer.codes, layer.scale_min, 32) is None
+    assert ops.linear_w4(x, layer.codes, layer.scale_min.float(), 32) is None
+    with pytest.raises(RuntimeError, match="group_size"):
+        torch.ops.kiln.linear_w4(x, layer.codes, layer.scale_min, 48)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        torch.ops.kiln.linear_w4(torch.randn(2, 32), layer.codes, layer.scale_min, 32)
+    assert not int4_cpu.int4_cpu_supported(torch.randn(8, 96), 32)  # K not a multiple of 64
+
+
+def test_bf16_activations_and_the_fallback_agree(monkeypatch):
+    layer = Int4CpuLinear.from_float(weight(16, 128), 32)
+    x = torch.randn(3, 128)
+    out = layer(x.bfloat16())
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 16)
+    monkeypatch.setattr(int4_cpu, "linear_w4", lambda *a: None)  # library absent
+    ref = F.linear(x, layer.dequantized_weight())
+    torch.testing.assert_close(layer(x), ref)
+    torch.testing.assert_close(out.float(), F.linear(x.bfloat16().float(), layer.dequantized_weight()), rtol=1e-2, atol=1e-2)
