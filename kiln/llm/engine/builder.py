@@ -11,6 +11,7 @@ from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.engine.core import EngineCore
 from kiln.llm.layers.linear import pack_for_prefill
+from kiln.llm.models import fused_decode
 from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
 from kiln.llm.models.default_model import default_model_path
 from kiln.llm.models.llama import LlamaModel
@@ -38,11 +39,12 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int
 
 def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) -> LlamaModel:
     """Loaded float32 model -> device, quantized (if asked), compute dtype,
-    fp32 CPU projections packed for prefill."""
+    fp32 CPU projections packed for prefill, fused decode layers gathered."""
     model = model.to(device=device)
     quantize_model(model, config.model.quantization, config.model.quant_group_size)
     model = model.to(dtype=DTYPES[config.model.dtype]).eval()
     pack_for_prefill(model)
+    model.fused_layers = fused_decode.prepare(model)
     return model
 
 

@@ -18,7 +18,7 @@ import torch
 from torch.utils import cpp_extension
 
 HERE = Path(__file__).resolve().parent
-SOURCES = [HERE / "linear_f32.cpp", HERE / "paged_attention.cpp", HERE / "layer_ops.cpp"]
+SOURCES = [HERE / "linear_f32.cpp", HERE / "paged_attention.cpp", HERE / "layer_ops.cpp", HERE / "decode_layer.cpp"]
 LIBRARY = HERE / "_kiln_kernels.so"
 
 

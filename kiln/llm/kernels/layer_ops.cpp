@@ -14,6 +14,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "kernels.h"
 #include "simd.h"
 
 namespace {
@@ -152,6 +153,17 @@ at::Tensor silu_mul(const at::Tensor& gu_in) {
 }
 
 }  // namespace
+
+namespace kiln {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) { return ::rms_norm(x, w, eps); }
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                                                double eps) {
+  return ::add_rms_norm(x, residual, w, eps);
+}
+void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& sin) { ::rotary_(q, k, cos, sin); }
+at::Tensor silu_mul(const at::Tensor& gate_up) { return ::silu_mul(gate_up); }
+}  // namespace kiln
+
 
 TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");

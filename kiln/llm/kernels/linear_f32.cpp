@@ -27,6 +27,7 @@
 
 #include <utility>
 
+#include "kernels.h"
 #include "simd.h"
 
 namespace {
@@ -256,6 +257,16 @@ at::Tensor linear_w4(const at::Tensor& x_in, const at::Tensor& codes, const at::
 }
 
 }  // namespace
+
+namespace kiln {
+at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w) { return ::linear_f32(x, w); }
+at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
+  return ::linear_w8(x, w, scales);
+}
+at::Tensor linear_w4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size) {
+  return ::linear_w4(x, codes, scale_min, group_size);
+}
+}  // namespace kiln
 
 TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("linear_f32(Tensor x, Tensor w) -> Tensor");

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels.h"
 #include "simd.h"
 
 namespace {
@@ -148,6 +149,15 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
 }
 
 }  // namespace
+
+namespace kiln {
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
+                                  double scale) {
+  return ::paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, block_size, scale);
+}
+}  // namespace kiln
+
 
 TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor context_lens, "

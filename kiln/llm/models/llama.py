@@ -17,6 +17,7 @@ from kiln.llm.kernels import ops
 from kiln.llm.layers.linear import Linear, linear
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
+from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch
 
 
@@ -98,11 +99,15 @@ class LlamaModel(nn.Module):
         self.lm_head = self.embed_tokens if arch.tie_word_embeddings else _weight(arch.vocab_size, arch.hidden_size)
         # Set by weight-only quantization: a quantized copy of lm_head used for logits.
         self.logits_head: nn.Module | None = None
+        # Set once the model is finished (engine builder): decode-only steps in one kernel call per layer.
+        self.fused_layers: list[fused_decode.FusedLayer] | None = None
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata):
         """Returns final hidden states [T, hidden] (normed)."""
         x = F.embedding(input_ids, self.embed_tokens)
         rope = self.rotary.tables(positions)
+        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0]):
+            return self.norm(fused_decode.run(self, x, rope, kv_caches, meta))
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, rope, kv_cache, meta)
         return self.norm(x)

@@ -1,0 +1,79 @@
+// One Llama decoder layer for a decode-only step (fp32 CPU), in one call.
+//
+// At batch 1 the projections take ~75% of a step; most of the rest was the
+// Python and dispatcher cost of ~15 torch ops per layer (module calls,
+// views, checks). This runs the same kernels in the same order as
+// kiln/llm/models/llama.py's LlamaLayer does for such a step, so its output
+// is bit-identical to the module path:
+//
+//   h = rms_norm(x); qkv = h @ Wqkv; rotary(q, k); pool[slots] = k, v
+//   a = paged_decode_attention(q) per decode group; o = a @ Wo
+//   h, x = add_rms_norm(o, x); x = x + down(silu(gate) * up)
+//
+// A projection is given as the tensors its Linear module holds: [w] fp32,
+// [w int8, scales fp32] or [codes uint8, scale_min fp16] (int4, with its
+// group size).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels.h"
+
+namespace {
+
+at::Tensor project(const at::Tensor& x, at::TensorList w, int64_t group_size) {
+  if (w.size() == 1) return kiln::linear_f32(x, w[0]);
+  TORCH_CHECK(w.size() == 2, "decode_layer: a projection is [w], [w, scales] or [codes, scale_min]");
+  if (w[0].scalar_type() == at::kChar) return kiln::linear_w8(x, w[0], w[1]);
+  return kiln::linear_w4(x, w[0], w[1], group_size);
+}
+
+// projections: qkv, o, gate_up, down (each a list, see above); norms: input, post-attention.
+at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorList o_w, at::TensorList gate_up_w,
+                        at::TensorList down_w, int64_t group_size, const at::Tensor& input_norm,
+                        const at::Tensor& post_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& kv_cache, const at::Tensor& slot_mapping, at::TensorList block_tables,
+                        at::TensorList context_lens, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
+                        int64_t head_dim) {
+  TORCH_CHECK(block_tables.size() == context_lens.size(), "decode_layer: one block table per decode group");
+  const int64_t T = x.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  const at::Tensor qkv = project(kiln::rms_norm(x, input_norm, eps), qkv_w, group_size);
+  const at::Tensor q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
+  const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
+  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
+  kiln::rotary_(q, k, cos, sin);
+  const at::Tensor k_pool = kv_cache.select(0, 0), v_pool = kv_cache.select(0, 1);
+  k_pool.index_copy_(0, slot_mapping, k);
+  v_pool.index_copy_(0, slot_mapping, v);
+  const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim**-0.5
+  at::Tensor attn;
+  if (block_tables.size() == 1) {
+    attn = kiln::paged_decode_attention(q, k_pool, v_pool, block_tables[0], context_lens[0], block_size, scale);
+  } else {
+    attn = at::empty_like(q);
+    int64_t row = 0;
+    for (size_t g = 0; g < block_tables.size(); ++g) {
+      const int64_t rows = block_tables[g].size(0);
+      attn.narrow(0, row, rows).copy_(kiln::paged_decode_attention(q.narrow(0, row, rows), k_pool, v_pool,
+                                                                   block_tables[g], context_lens[g], block_size, scale));
+      row += rows;
+    }
+    TORCH_CHECK(row == T, "decode_layer: decode groups must cover every row");
+  }
+  const at::Tensor o = project(attn.view({T, q_size}), o_w, group_size);
+  auto [h, residual] = kiln::add_rms_norm(o, x, post_norm, eps);
+  return residual + project(kiln::silu_mul(project(h, gate_up_w, group_size)), down_w, group_size);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kiln, m) {
+  m.def(
+      "decode_layer(Tensor x, Tensor[] qkv_w, Tensor[] o_w, Tensor[] gate_up_w, Tensor[] down_w, int group_size, "
+      "Tensor input_norm, Tensor post_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) kv_cache, "
+      "Tensor slot_mapping, Tensor[] block_tables, Tensor[] context_lens, int block_size, int num_heads, "
+      "int num_kv_heads, int head_dim) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("decode_layer", decode_layer); }

@@ -1,0 +1,22 @@
+// Kiln's CPU kernels as C++ functions, for kernels built from others (the
+// fused decoder layer). Each is also registered as a torch op under kiln::.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <tuple>
+
+namespace kiln {
+
+at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w);
+at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
+at::Tensor linear_w4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                                                double eps);
+void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
+                                  double scale);
+
+}  // namespace kiln

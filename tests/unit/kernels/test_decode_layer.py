@@ -1,0 +1,92 @@
+"""kiln::decode_layer (one call per layer for decode-only steps) against the
+module path it replaces: the same kernels in the same order, so hidden
+states and the KV pool must be bit-identical, for fp32, int8 and int4
+weights, one or several decode groups; and it stays out of steps it does
+not cover."""
+import dataclasses
+
+import pytest
+import torch
+
+from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
+from kiln.llm.kernels.build import cpu_supported
+from kiln.llm.kernels.ops import PACKED_MIN_ROWS
+from kiln.llm.layers.linear import pack_for_prefill
+from kiln.llm.models import fused_decode
+from kiln.llm.models.arch import LlamaArch
+from kiln.llm.models.llama import LlamaModel
+from kiln.llm.quant import quantize_model
+from kiln.llm.runner.inputs import _decode_group
+
+pytestmark = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
+
+ARCH = LlamaArch(
+    vocab_size=300, hidden_size=128, intermediate_size=192, num_layers=3, num_heads=8, num_kv_heads=2,
+    head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256,
+    tie_word_embeddings=True, rope_scaling=None, bos_token_id=1, eos_token_ids=(2,),
+)
+BLOCK, BLOCKS_PER_SEQ = 16, 7
+
+
+def model_in(mode: str) -> LlamaModel:
+    torch.manual_seed(0)
+    model = LlamaModel(ARCH, max_positions=256)
+    for name, p in model.named_parameters():
+        p.data.fill_(1.0) if "layernorm" in name or name == "norm.weight" else p.data.normal_(0, 0.05)
+    quantize_model(model, {"fp32": None, "int8": "int8", "int4": "int4"}[mode], group_size=32)
+    pack_for_prefill(model)
+    model.fused_layers = fused_decode.prepare(model)
+    return model
+
+
+def decode_step(batch: int):
+    """Inputs of a decode-only step: sequence b has context 3 + 5b (its new
+    token included) in blocks b * BLOCKS_PER_SEQ ..."""
+    g = torch.Generator().manual_seed(batch)
+    ctx = [3 + 5 * b for b in range(batch)]
+    tables = [list(range(b * BLOCKS_PER_SEQ, (b + 1) * BLOCKS_PER_SEQ)) for b in range(batch)]
+    slots = [t[(n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK for t, n in zip(tables, ctx)]
+    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), block_size=BLOCK, num_decodes=batch)
+    rows = list(zip(tables, ctx))
+    for first in range(0, batch, 16):
+        meta.decode_groups.append(_decode_group(first, rows[first : first + 16], BLOCK, torch.tensor))
+    ids = torch.randint(3, ARCH.vocab_size, (batch,), generator=g)
+    pool = [torch.randn(2, batch * BLOCKS_PER_SEQ * BLOCK, ARCH.num_kv_heads, ARCH.head_dim, generator=g)
+            for _ in range(ARCH.num_layers)]
+    return ids, torch.tensor(ctx) - 1, pool, meta
+
+
+@pytest.mark.parametrize("mode", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("batch", [1, 5, 20])  # 20 rows: two decode groups
+def test_fused_step_is_bit_identical_to_the_module_path(mode, batch):
+    model = model_in(mode)
+    assert model.fused_layers is not None and len(model.fused_layers) == ARCH.num_layers
+    ids, positions, pool, meta = decode_step(batch)
+    fused_pool = [p.clone() for p in pool]
+    with torch.inference_mode():
+        fused = model(ids, positions, fused_pool, meta)
+        model.fused_layers, layers = None, model.fused_layers
+        reference = model(ids, positions, pool, meta)
+    assert torch.equal(fused, reference)
+    assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool))
+    model.fused_layers = layers
+
+
+def test_applies_only_to_small_decode_only_steps():
+    _, _, _, meta = decode_step(4)
+    assert fused_decode.applies(meta, 4)
+    assert not fused_decode.applies(meta, 5)  # rows that are not decodes
+    big = dataclasses.replace(meta, num_decodes=PACKED_MIN_ROWS + 1)
+    assert not fused_decode.applies(big, PACKED_MIN_ROWS + 1)  # the module path switches to oneDNN there
+    mixed = dataclasses.replace(meta, prefills=[PrefillSeq(4, 3, 3, None)])
+    assert not fused_decode.applies(mixed, 4)
+
+
+def test_models_it_cannot_serve_keep_the_module_path():
+    model = model_in("fp32")
+    assert fused_decode.prepare(model.to(torch.bfloat16)) is None  # not fp32
+    model = model_in("fp32")
+    model.layers[1].mlp.down_proj = torch.nn.Identity()  # an unknown projection type
+    assert fused_decode.prepare(model) is None
+    odd_heads = LlamaModel(dataclasses.replace(ARCH, head_dim=24, hidden_size=192), max_positions=64)
+    assert fused_decode.prepare(odd_heads) is None  # head_dim the paged kernel does not take
