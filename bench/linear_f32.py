@@ -1,10 +1,11 @@
-"""Kiln's fp32 linear kernel vs PyTorch's F.linear (MKL) on SmolLM2 shapes.
+"""Kiln's fp32 linear kernel vs PyTorch's F.linear (MKL) and oneDNN with a
+packed weight, on SmolLM2 shapes.
 
 Streams every projection of a 30-layer SmolLM2-sized model plus its LM head
-(distinct weights, ~536 MB fp32, far beyond cache) for M rows, the two
-kernels interleaved so machine noise hits both alike. Prints ms per full
-pass, effective weight-read GB/s and GFLOP/s; the crossover sets
-LINEAR_MAX_ROWS.
+(distinct weights, ~536 MB fp32, far beyond cache) for M rows, the kernels
+interleaved so machine noise hits all alike. Prints ms per full pass,
+effective weight-read GB/s and GFLOP/s; the crossovers set LINEAR_MAX_ROWS
+(Kiln vs MKL) and PACKED_MIN_ROWS (Kiln vs oneDNN).
 
     .venv/bin/python bench/linear_f32.py [--threads 1] [--repeats 7] [--rows 1 8 32 ...]
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kiln.llm.kernels.ops import kernels_loaded
+from kiln.llm.kernels.ops import kernels_loaded, linear_packed, pack_linear_weight
 
 # (in, out) of SmolLM2-135M's fused projections; the LM head is 576 -> 49152.
 LAYER_SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
@@ -52,6 +53,9 @@ def main() -> None:
     ws = weights()
     nbytes = sum(w.numel() * 4 for w in ws)
     ops = {"torch": F.linear, "kiln": torch.ops.kiln.linear_f32}
+    packed = {id(w): pack_linear_weight(w) for w in ws}
+    if all(p is not None for p in packed.values()):
+        ops["onednn"] = lambda x, w: linear_packed(x, packed[id(w)])
     results = []
     for rows in args.rows:
         times = {name: [] for name in ops}
@@ -64,7 +68,7 @@ def main() -> None:
         flops = 2 * rows * nbytes / 4
         print(f"M={rows:4d}  " + "   ".join(
             f"{n} {med[n] * 1e3:7.1f} ms ({nbytes / med[n] / 1e9:5.1f} GB/s, {flops / med[n] / 1e9:5.1f} GFLOP/s)"
-            for n in ops) + f"   speed-up {med['torch'] / med['kiln']:.2f}x")
+            for n in ops) + f"   kiln / torch {med['torch'] / med['kiln']:.2f}x")
     out = Path(f"bench/results/linear_f32_t{args.threads}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"threads": args.threads, "weight_bytes": nbytes, "results": results}, indent=1))

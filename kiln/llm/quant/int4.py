@@ -6,8 +6,11 @@ row gets its own scale and zero (torchao / gpt-fast convention):
     scale = (max - min) / 15,   q = round((w - min) / scale) in [0, 15]
     w ~= (q - 8) * scale + zero,  zero = min + 8 * scale   (i.e. q*scale + min)
 
-so the error of each weight is at most scale / 2. Packing and matmul are
-torch's tinygemm-style kernels: `_convert_weight_to_int4pack_for_cpu` +
+so the error of each weight is at most scale / 2. On CPU with Kiln's kernel
+library built, quantize_model uses int4_cpu.py's format and kernel instead
+(fp32 activations; bench/linear_quant.py compares the two); this module is
+the path everywhere else. Packing and matmul are torch's tinygemm-style
+kernels: `_convert_weight_to_int4pack_for_cpu` +
 `_weight_int4pack_mm_for_cpu` on CPU (int32 [N, K] codes in; float32,
 bfloat16 or float16 activations; bfloat16 is the fast one, see base.py),
 `_convert_weight_to_int4pack` + `_weight_int4pack_mm` on CUDA (uint8
