@@ -74,18 +74,25 @@ def linear_packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+def _weight_only_applies(
+    x: torch.Tensor, weight: torch.Tensor, weight_dtype: torch.dtype, params: torch.Tensor, params_dtype: torch.dtype
+) -> bool:
+    """fp32 CPU activations [M, K], contiguous quantized weights of the kernel's dtypes, library loaded."""
+    return (
+        x.dim() == 2
+        and x.dtype == torch.float32
+        and weight.dtype == weight_dtype
+        and params.dtype == params_dtype
+        and x.device.type == "cpu"
+        and weight.is_contiguous()
+        and kernels_loaded()
+    )
+
+
 def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """x [M, K] fp32 @ (weight int8 [N, K] * scales fp32 [N])^T with Kiln's
     kernel (activations stay fp32, any M), or None when it does not apply."""
-    if (
-        x.dim() != 2
-        or x.dtype != torch.float32
-        or weight.dtype != torch.int8
-        or scales.dtype != torch.float32
-        or x.device.type != "cpu"
-        or not weight.is_contiguous()
-        or not kernels_loaded()
-    ):
+    if not _weight_only_applies(x, weight, torch.int8, scales, torch.float32):
         return None
     return torch.ops.kiln.linear_w8(x, weight, scales)
 
@@ -94,15 +101,7 @@ def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, gro
     """x [M, K] fp32 @ int4-group weights^T (codes uint8 [N, K/2], scale_min
     fp16 [N, K/G, 2]; layout in linear_f32.cpp's Int4Problem) with Kiln's
     kernel (activations stay fp32, any M), or None when it does not apply."""
-    if (
-        x.dim() != 2
-        or x.dtype != torch.float32
-        or codes.dtype != torch.uint8
-        or scale_min.dtype != torch.float16
-        or x.device.type != "cpu"
-        or not codes.is_contiguous()
-        or not kernels_loaded()
-    ):
+    if not _weight_only_applies(x, codes, torch.uint8, scale_min, torch.float16):
         return None
     return torch.ops.kiln.linear_w4(x, codes, scale_min, group_size)
 
