@@ -10,6 +10,7 @@ import torch
 from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.engine.core import EngineCore
+from kiln.llm.kernels.ops import pack_linear_weight
 from kiln.llm.layers.linear import pack_for_prefill
 from kiln.llm.models import fused_decode
 from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
@@ -44,6 +45,8 @@ def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) 
     quantize_model(model, config.model.quantization, config.model.quant_group_size)
     model = model.to(dtype=DTYPES[config.model.dtype]).eval()
     pack_for_prefill(model)
+    if model.logits_head is None:
+        model.lm_head_packed = pack_linear_weight(model.lm_head)
     model.fused_layers = fused_decode.prepare(model)
     return model
 

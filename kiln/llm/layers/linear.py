@@ -23,6 +23,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight) if y is None else y
 
 
+def project(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight^T, through `packed` (weight's oneDNN copy) when there is
+    one and x has more than PACKED_MIN_ROWS fp32 rows."""
+    if packed is not None and x.shape[0] > PACKED_MIN_ROWS and x.dtype == torch.float32 and x.dim() == 2:
+        return linear_packed(x, packed)
+    return linear(x, weight)
+
+
 def pack_for_prefill(model: nn.Module) -> int:
     """Give every fp32 CPU `Linear` of a finished model a oneDNN-packed copy
     of its weight for prefill-sized inputs; returns how many got one. Run
@@ -46,9 +54,7 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.shape[0] > PACKED_MIN_ROWS and x.dtype == torch.float32 and x.dim() == 2:
-            return linear_packed(x, self.packed)
-        return linear(x, self.weight)
+        return project(x, self.weight, self.packed)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

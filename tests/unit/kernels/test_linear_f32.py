@@ -114,3 +114,22 @@ def test_layer_uses_the_packed_copy_only_for_prefill_sized_fp32_inputs(monkeypat
     x = torch.randn(100, 64, dtype=torch.float64)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
     assert calls == [ops.PACKED_MIN_ROWS + 1, 500]
+
+
+def test_finished_model_takes_many_logit_rows_through_the_packed_lm_head(tiny_llama3_dir, monkeypatch):
+    from kiln.config import EngineConfig
+    from kiln.llm.engine.builder import build_model
+    from kiln.llm.layers import linear as linear_mod
+    from kiln.llm.models.checkpoint import load_checkpoint
+
+    model = build_model(load_checkpoint(tiny_llama3_dir), EngineConfig.from_flat(model=str(tiny_llama3_dir)), 512)
+    if ops.pack_linear_weight(model.lm_head) is None:
+        pytest.skip("oneDNN unavailable: no packed copy to route to")
+    assert model.lm_head_packed is not None and model.lm_head is model.embed_tokens  # tied: packed, not re-pointed
+    calls = []
+    real = linear_mod.linear_packed
+    monkeypatch.setattr(linear_mod, "linear_packed", lambda x, p: calls.append(x.shape[0]) or real(x, p))
+    for rows in (1, ops.PACKED_MIN_ROWS, ops.PACKED_MIN_ROWS + 8):
+        hidden = torch.randn(rows, model.arch.hidden_size)
+        torch.testing.assert_close(model.compute_logits(hidden), F.linear(hidden, model.lm_head), rtol=1e-5, atol=1e-4)
+    assert calls == [ops.PACKED_MIN_ROWS + 8]
