@@ -45,14 +45,26 @@ class ModelConfig:
             raise ConfigError("max_model_len must be positive", param="max_model_len")
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
     kv_cache_memory_gib: float = 1.0  # budget for the paged KV pool
     num_blocks: int | None = None  # overrides the memory budget (tests)
     enable_prefix_caching: bool = True
+    # What the pool stores: "auto" = the model's dtype. A 16-bit pool halves
+    # the bytes decode attention reads (keys and values are rounded once, when
+    # written; attention still computes in the model's dtype).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
+                param="kv_cache_dtype",
+            )
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ConfigError("block_size must be a power of two up to 128", param="block_size")
         if self.kv_cache_memory_gib <= 0:

@@ -28,8 +28,8 @@ class AttentionBackend(abc.ABC):
 
 class TorchPagedAttention(AttentionBackend):
     def forward(self, q, k, v, kv_cache, meta):
-        kv_cache[0].index_copy_(0, meta.slot_mapping, k)
-        kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+        kv_cache[0].index_copy_(0, meta.slot_mapping, k.to(kv_cache.dtype))  # no copy when dtypes agree
+        kv_cache[1].index_copy_(0, meta.slot_mapping, v.to(kv_cache.dtype))
         out = torch.empty_like(q)
         for group in meta.decode_groups:
             rows = slice(group.first_row, group.first_row + group.num_seqs)
@@ -44,8 +44,8 @@ class TorchPagedAttention(AttentionBackend):
         out = paged_decode_attention(q, kv_cache[0], kv_cache[1], group.block_tables, group.context_lens, block_size)
         if out is not None:
             return out
-        keys = gather_blocks(kv_cache[0], group.block_tables, block_size).transpose(1, 2)  # [B, KVH, L, D]
-        values = gather_blocks(kv_cache[1], group.block_tables, block_size).transpose(1, 2)
+        keys = gather_blocks(kv_cache[0], group.block_tables, block_size).to(q.dtype).transpose(1, 2)  # [B, KVH, L, D]
+        values = gather_blocks(kv_cache[1], group.block_tables, block_size).to(q.dtype).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys, values, attn_mask=group.mask, enable_gqa=True
         )  # [B, H, 1, D]
@@ -55,8 +55,8 @@ class TorchPagedAttention(AttentionBackend):
         if seq.block_table is None:
             keys, values, mask, causal = k, v, None, True
         else:
-            keys = gather_blocks(kv_cache[0], seq.block_table, block_size)[: seq.ctx_len]
-            values = gather_blocks(kv_cache[1], seq.block_table, block_size)[: seq.ctx_len]
+            keys = gather_blocks(kv_cache[0], seq.block_table, block_size)[: seq.ctx_len].to(q.dtype)
+            values = gather_blocks(kv_cache[1], seq.block_table, block_size)[: seq.ctx_len].to(q.dtype)
             offset = seq.ctx_len - seq.q_len
             q_pos = torch.arange(seq.q_len, device=q.device).unsqueeze(1) + offset
             mask = torch.arange(seq.ctx_len, device=q.device).unsqueeze(0) <= q_pos

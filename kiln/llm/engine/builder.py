@@ -17,7 +17,7 @@ from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
 from kiln.llm.models.default_model import default_model_path
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.quant import quantize_model
-from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block
+from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
 from kiln.llm.spec_decode.ngram import NgramProposer
 from kiln.llm.spec_decode.proposer import Proposer
@@ -65,7 +65,7 @@ def decide_num_blocks(model: LlamaModel, config: EngineConfig, max_model_len: in
     cache = config.cache
     if cache.num_blocks is not None:
         return cache.num_blocks
-    per_block = kv_bytes_per_block(model, cache.block_size, DTYPES[config.model.dtype])
+    per_block = kv_bytes_per_block(model, cache.block_size, kv_dtype(config))
     return max(1, int(cache.kv_cache_memory_gib * 2**30) // per_block)
 
 
@@ -90,7 +90,9 @@ def build_proposer(
         draft = truncated_model(checkpoint, spec.draft_num_layers, max_model_len)
         draft = finish_model(draft, config, runner.device)
     # The draft pool mirrors the target's block count: whatever fits one fits the other.
-    return DraftModelProposer(draft, num_blocks, config.cache.block_size, runner.device, runner.sampler)
+    return DraftModelProposer(
+        draft, num_blocks, config.cache.block_size, runner.device, runner.sampler, kv_dtype(config)
+    )
 
 
 def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | None) -> tuple[EngineCore, Checkpoint]:
@@ -144,7 +146,10 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     # A request may never need more blocks than exist, or it could wait forever.
     pool_tokens = num_blocks * config.cache.block_size
     max_model_len = min(max_model_len, pool_tokens)
-    runner = ModelRunner(model, num_blocks, config.cache.block_size, torch.device(config.model.device), config.model.seed)
+    runner = ModelRunner(
+        model, num_blocks, config.cache.block_size, torch.device(config.model.device), config.model.seed,
+        kv_dtype(config),
+    )
     runner.proposer = build_proposer(config, checkpoint, runner, num_blocks, max_model_len)
     core = EngineCore(config, runner, num_blocks, max_model_len)
     log.info(

@@ -6,7 +6,7 @@
 // kiln/llm/models/llama.py's LlamaLayer does for such a step, so its output
 // is bit-identical to the module path:
 //
-//   h = rms_norm(x); qkv = h @ Wqkv; rotary(q, k); pool[slots] = k, v
+//   h = rms_norm(x); qkv = h @ Wqkv; rotary(q, k); pool[slots] = k, v (in the pool's dtype)
 //   a = paged_decode_attention(q) per decode group; o = a @ Wo
 //   h, x = add_rms_norm(o, x); x = x + down(silu(gate) * up)
 //
@@ -45,8 +45,8 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorLis
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
   kiln::rotary_(q, k, cos, sin);
   const at::Tensor k_pool = kv_cache.select(0, 0), v_pool = kv_cache.select(0, 1);
-  k_pool.index_copy_(0, slot_mapping, k);
-  v_pool.index_copy_(0, slot_mapping, v);
+  k_pool.index_copy_(0, slot_mapping, k.to(k_pool.scalar_type()));  // a no-op view for an fp32 pool
+  v_pool.index_copy_(0, slot_mapping, v.to(v_pool.scalar_type()));
   const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim**-0.5
   at::Tensor attn;
   if (block_tables.size() == 1) {

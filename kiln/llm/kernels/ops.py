@@ -110,14 +110,14 @@ def paged_decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, block_size: int,
 ) -> torch.Tensor | None:
-    """Decode attention read in place from the paged pool (q [B, H, D],
-    pools [slots, KVH, D]) -> [B, H, D], or None when the kernel does not
-    apply (library absent, not fp32 CPU, head_dim not a multiple of 8, or
-    more than 16 query heads per kv head)."""
+    """Decode attention read in place from the paged pool (q [B, H, D] fp32,
+    pools [slots, KVH, D] fp32, fp16 or bf16) -> [B, H, D], or None when the
+    kernel does not apply (library absent, not CPU, other dtypes, head_dim
+    not a multiple of 16, or more than 8 query heads per kv head)."""
     heads, kv_heads, head_dim = q.shape[1], k_pool.shape[1], q.shape[2]
     if (
         q.dtype != torch.float32
-        or k_pool.dtype != torch.float32
+        or k_pool.dtype not in (torch.float32, torch.float16, torch.bfloat16)
         or q.device.type != "cpu"
         or head_dim % 16
         or heads % kv_heads

@@ -1,5 +1,8 @@
-// Paged decode attention for CPU (fp32): one query token per sequence,
-// keys and values read in place from the paged pool through block tables.
+// Paged decode attention for CPU: one fp32 query token per sequence, keys
+// and values read in place from the paged pool through block tables. The
+// pool holds fp32, fp16 or bf16 (`kv_cache_dtype`); 16-bit entries are
+// widened to fp32 in registers, so the arithmetic is fp32 either way and a
+// 16-bit pool halves the bytes this memory-bound kernel reads.
 //
 // The torch reference gathers every context into a padded batch before
 // SDPA, so each key is read, written and read again. Here each sequence
@@ -13,6 +16,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -24,6 +28,14 @@ using kiln_simd::exp_nonpositive;
 using kiln_simd::hsum;
 
 constexpr int kMaxGroup = 8;  // query heads per kv head
+
+// Eight pool entries as fp32 lanes.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
 
 // Softmax of s[0..n) in place; returns nothing, s holds probabilities.
 void softmax(float* s, int64_t n) {
@@ -55,8 +67,8 @@ void softmax(float* s, int64_t n) {
 // G x 2 output vectors held in registers, reading from L2. Every output
 // element is the same chain of FMAs over t in order, whatever the batch or
 // the thread split.
-template <int G>
-void attend(const float* q, const float* kp, const float* vp, const int64_t* table, int64_t ctx, int64_t block_size,
+template <int G, typename KV>
+void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t ctx, int64_t block_size,
             int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, std::vector<float>& scores, float* out) {
   const int64_t nh = (g1 - g0) * G;  // scores row h = (g - g0) * G + j
   scores.resize(nh * ctx);
@@ -64,15 +76,15 @@ void attend(const float* q, const float* kp, const float* vp, const int64_t* tab
     const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, ctx - t0);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = (base + i) * KVH;
-      for (int64_t off = g0 * D * 4; off < g1 * D * 4; off += 64)
+      for (int64_t off = g0 * D * sizeof(KV); off < g1 * D * sizeof(KV); off += 64)
         _mm_prefetch(reinterpret_cast<const char*>(vp + row * D) + off, _MM_HINT_T1);
       for (int64_t g = g0; g < g1; ++g) {
-        const float* key = kp + (row + g) * D;
+        const KV* key = kp + (row + g) * D;
         const float* qg = q + g * G * D;
         __m256 dots[G];
         for (int j = 0; j < G; ++j) dots[j] = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d += 8) {
-          const __m256 kv = _mm256_loadu_ps(key + d);
+          const __m256 kv = load8(key + d);
           for (int j = 0; j < G; ++j) dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), kv, dots[j]);
         }
         for (int j = 0; j < G; ++j) scores[((g - g0) * G + j) * ctx + t0 + i] = hsum(dots[j]) * scale;
@@ -88,8 +100,8 @@ void attend(const float* q, const float* kp, const float* vp, const int64_t* tab
       for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
         const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, ctx - t0);
         for (int64_t i = 0; i < n; ++i) {
-          const float* value = vp + ((base + i) * KVH + g) * D + d;
-          const __m256 v0 = _mm256_loadu_ps(value), v1 = _mm256_loadu_ps(value + 8);
+          const KV* value = vp + ((base + i) * KVH + g) * D + d;
+          const __m256 v0 = load8(value), v1 = load8(value + 8);
           for (int j = 0; j < G; ++j) {
             const __m256 p = _mm256_broadcast_ss(sg + j * ctx + t0 + i);
             acc[j][0] = _mm256_fmadd_ps(p, v0, acc[j][0]);
@@ -105,34 +117,28 @@ void attend(const float* q, const float* kp, const float* vp, const int64_t* tab
   }
 }
 
-using AttendFn = void (*)(const float*, const float*, const float*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
+template <typename KV>
+using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
                           int64_t, int64_t, float, std::vector<float>&, float*);
-constexpr AttendFn kAttend[kMaxGroup + 1] = {nullptr,   attend<1>, attend<2>, attend<3>, attend<4>,
-                                             attend<5>, attend<6>, attend<7>, attend<8>};
 
-at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens,
-                                  int64_t block_size, double scale) {
-  TORCH_CHECK(q_in.dim() == 3 && k_pool.dim() == 3 && v_pool.sizes() == k_pool.sizes(), "paged_decode_attention: shapes");
-  TORCH_CHECK(q_in.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kFloat, "paged_decode_attention: float32 only");
-  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "paged_decode_attention: contiguous pool required");
-  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong, "int64 tables");
-  const at::Tensor q = q_in.contiguous();
-  const at::Tensor tables = block_tables.contiguous();
-  const at::Tensor lens = context_lens.contiguous();
+template <typename KV, int... G>
+AttendFn<KV> attend_for_group(int group, std::integer_sequence<int, G...>) {
+  AttendFn<KV> fn = nullptr;
+  ((fn = group == G + 1 ? attend<G + 1, KV> : fn), ...);
+  return fn;
+}
+
+template <typename KV>
+void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& tables,
+                const at::Tensor& lens, int64_t block_size, float scale, at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pool.size(1), W = tables.size(1);
-  TORCH_CHECK(k_pool.size(2) == D && D % 16 == 0 && H % KVH == 0 && H / KVH <= kMaxGroup,
-              "paged_decode_attention: head layout");
-  const AttendFn attend_item = kAttend[H / KVH];
-  at::Tensor out = at::empty({B, H, D}, q.options());
+  const AttendFn<KV> attend_item = attend_for_group<KV>(H / KVH, std::make_integer_sequence<int, kMaxGroup>{});
   const float* qp = q.const_data_ptr<float>();
-  const float* kp = k_pool.const_data_ptr<float>();
-  const float* vp = v_pool.const_data_ptr<float>();
+  const KV* kp = k_pool.const_data_ptr<KV>();
+  const KV* vp = v_pool.const_data_ptr<KV>();
   const int64_t* tp = tables.const_data_ptr<int64_t>();
   const int64_t* lp = lens.const_data_ptr<int64_t>();
   float* op = out.mutable_data_ptr<float>();
-  const float fscale = static_cast<float>(scale);
-
   // A work item is one sequence with all its kv heads. With fewer sequences
   // than threads, items are (sequence, kv head) instead.
   const bool per_head = B < at::get_num_threads();
@@ -141,10 +147,34 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
     std::vector<float> scores;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = per_head ? i / KVH : i, g0 = per_head ? i % KVH : 0, g1 = per_head ? g0 + 1 : KVH;
-      attend_item(qp + b * H * D, kp, vp, tp + b * W, lp[b], block_size, KVH, D, g0, g1, fscale, scores,
+      attend_item(qp + b * H * D, kp, vp, tp + b * W, lp[b], block_size, KVH, D, g0, g1, scale, scores,
                   op + b * H * D);
     }
   });
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens,
+                                  int64_t block_size, double scale) {
+  TORCH_CHECK(q_in.dim() == 3 && k_pool.dim() == 3 && v_pool.sizes() == k_pool.sizes(), "paged_decode_attention: shapes");
+  TORCH_CHECK(q_in.scalar_type() == at::kFloat, "paged_decode_attention: float32 queries only");
+  TORCH_CHECK(v_pool.scalar_type() == k_pool.scalar_type(), "paged_decode_attention: one pool dtype");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "paged_decode_attention: contiguous pool required");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong, "int64 tables");
+  const at::Tensor q = q_in.contiguous();
+  const at::Tensor tables = block_tables.contiguous();
+  const at::Tensor lens = context_lens.contiguous();
+  const int64_t H = q.size(1), D = q.size(2), KVH = k_pool.size(1);
+  TORCH_CHECK(k_pool.size(2) == D && D % 16 == 0 && H % KVH == 0 && H / KVH <= kMaxGroup,
+              "paged_decode_attention: head layout");
+  at::Tensor out = at::empty({q.size(0), H, D}, q.options());
+  const float fscale = static_cast<float>(scale);
+  switch (k_pool.scalar_type()) {
+    case at::kFloat: attend_all<float>(q, k_pool, v_pool, tables, lens, block_size, fscale, out); break;
+    case at::kHalf: attend_all<at::Half>(q, k_pool, v_pool, tables, lens, block_size, fscale, out); break;
+    case at::kBFloat16: attend_all<at::BFloat16>(q, k_pool, v_pool, tables, lens, block_size, fscale, out); break;
+    default: TORCH_CHECK(false, "paged_decode_attention: pool must be float32, float16 or bfloat16");
+  }
   return out;
 }
 

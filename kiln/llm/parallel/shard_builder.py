@@ -11,7 +11,7 @@ from kiln.llm.parallel.model import ShardedLlamaModel
 from kiln.llm.parallel.stage import StageRunner
 from kiln.llm.parallel.state import ParallelState
 from kiln.llm.parallel.weights import WeightReader
-from kiln.llm.runner.model_runner import DTYPES
+from kiln.llm.runner.model_runner import DTYPES, kv_dtype
 
 
 def build_stage(
@@ -23,14 +23,14 @@ def build_stage(
     # Per-module transforms of the loaded shard (e.g. weight-only quantization) go here.
     model = model.to(device=state.device, dtype=DTYPES[config.model.dtype]).eval()
     pack_for_prefill(model)
-    return StageRunner(model, state, num_blocks, config.cache.block_size)
+    return StageRunner(model, state, num_blocks, config.cache.block_size, kv_dtype(config))
 
 
 def kv_bytes_per_block_per_rank(arch: LlamaArch, config: EngineConfig) -> int:
     """The largest per-rank KV footprint of one block: every rank's pool has
     the same number of blocks, so the fullest rank decides how many fit."""
     p = config.parallel
-    dtype = DTYPES[config.model.dtype]
+    dtype = kv_dtype(config)
     most = 0
     for pp in range(p.pipeline_parallel_size):
         lo, hi = stage_layers(arch.num_layers, p.pipeline_parallel_size, pp)

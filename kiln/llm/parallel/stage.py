@@ -31,13 +31,17 @@ class MicroBatchLogits:
 
 
 class StageRunner:
-    def __init__(self, model: ShardedLlamaModel, state: ParallelState, num_blocks: int, block_size: int):
+    def __init__(
+        self, model: ShardedLlamaModel, state: ParallelState, num_blocks: int, block_size: int,
+        kv_cache_dtype: torch.dtype | None = None,
+    ):
         self.model, self.state, self.block_size = model, state, block_size
         split, a = model.split, model.arch
         # This rank's slice of the paged pool: its layers, its KV heads.
         self.kv_caches = [
             torch.zeros(
-                2, num_blocks * block_size, split.num_kv_heads, a.head_dim, dtype=model.dtype, device=state.device
+                2, num_blocks * block_size, split.num_kv_heads, a.head_dim, dtype=kv_cache_dtype or model.dtype,
+                device=state.device,
             )
             for _ in model.layers
         ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln.config import EngineConfig
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.runner.inputs import build_inputs
 from kiln.llm.sampling.sampler import Sampler
@@ -14,18 +15,27 @@ from kiln.llm.spec_decode.verify import verify
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def kv_dtype(config: EngineConfig) -> torch.dtype:
+    """The KV pool's dtype: the model's unless `cache.kv_cache_dtype` names one."""
+    name = config.cache.kv_cache_dtype
+    return DTYPES[config.model.dtype if name == "auto" else name]
+
+
 def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
     a = model.arch
     return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * torch.finfo(dtype).bits // 8
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device, seed: int = 0):
+    def __init__(
+        self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device, seed: int = 0,
+        kv_cache_dtype: torch.dtype | None = None,
+    ):
         self.model = model
         self.device = device
         self.block_size = block_size
         a = model.arch
-        dtype = model.embed_tokens.dtype
+        dtype = kv_cache_dtype or model.embed_tokens.dtype
         # One pool tensor per layer: [k|v, slot, kv_head, head_dim]; slot =
         # block_id * block_size + offset.
         self.kv_caches = [

@@ -39,13 +39,16 @@ def truncated_model(checkpoint: Checkpoint, num_layers: int, max_positions: int)
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device, sampler: Sampler):
+    def __init__(
+        self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device, sampler: Sampler,
+        kv_cache_dtype: torch.dtype | None = None,
+    ):
         self.model = model
         self.device = device
         self.block_size = block_size
         self.sampler = sampler  # the target's: same logit processing and generators
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
-        a, dtype = model.arch, model.embed_tokens.dtype
+        a, dtype = model.arch, kv_cache_dtype or model.embed_tokens.dtype
         self.kv_caches = [
             torch.zeros(2, num_blocks * block_size, a.num_kv_heads, a.head_dim, dtype=dtype, device=device)
             for _ in range(a.num_layers)

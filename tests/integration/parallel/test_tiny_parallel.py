@@ -71,3 +71,10 @@ def test_parallel_matches_one_process(model, options, references, tiny_llama_dir
         total += arch.vocab_size * arch.hidden_size * 4  # the last stage's own LM-head rows
     for rank, nbytes in enumerate(per_rank):
         assert 0.75 * total / world < nbytes < 1.25 * total / world, (rank, nbytes, total)
+
+
+def test_tp2_with_a_float16_kv_cache_matches_one_process(tiny_llama_dir, token_prompts):
+    one = greedy(LLM(str(tiny_llama_dir), num_blocks=64, kv_cache_dtype="float16"), token_prompts)
+    with LLM(str(tiny_llama_dir), num_blocks=64, kv_cache_dtype="float16", tensor_parallel_size=2) as llm:
+        assert all(pool.dtype == torch.float16 for pool in llm.engine.core.runner.stage.kv_caches)  # rank 0's shard
+        assert greedy(llm, token_prompts) == one

@@ -39,7 +39,7 @@ def model_in(mode: str) -> LlamaModel:
     return model
 
 
-def decode_step(batch: int):
+def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
     """Inputs of a decode-only step: sequence b has context 3 + 5b (its new
     token included) in blocks b * BLOCKS_PER_SEQ ..."""
     g = torch.Generator().manual_seed(batch)
@@ -51,17 +51,21 @@ def decode_step(batch: int):
     for first in range(0, batch, 16):
         meta.decode_groups.append(_decode_group(first, rows[first : first + 16], BLOCK, torch.tensor))
     ids = torch.randint(3, ARCH.vocab_size, (batch,), generator=g)
-    pool = [torch.randn(2, batch * BLOCKS_PER_SEQ * BLOCK, ARCH.num_kv_heads, ARCH.head_dim, generator=g)
+    pool = [torch.randn(2, batch * BLOCKS_PER_SEQ * BLOCK, ARCH.num_kv_heads, ARCH.head_dim, generator=g).to(pool_dtype)
             for _ in range(ARCH.num_layers)]
     return ids, torch.tensor(ctx) - 1, pool, meta
 
 
-@pytest.mark.parametrize("mode", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize(
+    "mode,pool_dtype",
+    [("fp32", torch.float32), ("int8", torch.float32), ("int4", torch.float32),
+     ("fp32", torch.float16), ("int4", torch.bfloat16)],  # 16-bit KV pools (kv_cache_dtype)
+)
 @pytest.mark.parametrize("batch", [1, 5, 20])  # 20 rows: two decode groups
-def test_fused_step_is_bit_identical_to_the_module_path(mode, batch):
+def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch):
     model = model_in(mode)
     assert model.fused_layers is not None and len(model.fused_layers) == ARCH.num_layers
-    ids, positions, pool, meta = decode_step(batch)
+    ids, positions, pool, meta = decode_step(batch, pool_dtype)
     fused_pool = [p.clone() for p in pool]
     with torch.inference_mode():
         fused = model(ids, positions, fused_pool, meta)

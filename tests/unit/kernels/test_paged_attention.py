@@ -1,5 +1,7 @@
 """Kiln's paged decode attention kernel against the torch reference path
-(gather the blocks, SDPA with a length mask). fp32; tolerance 1e-5."""
+(gather the blocks, SDPA with a length mask). fp32 queries; pools in fp32,
+fp16 or bf16 against the reference on the same pool widened to fp32 (the
+kernel computes in fp32 on the stored values): tolerance 1e-5."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -41,6 +43,19 @@ def test_matches_gather_and_sdpa(heads, kv_heads, head_dim):
     torch.testing.assert_close(out, reference(*case), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("pool_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (32, 8, 128)])
+def test_16_bit_pools_match_the_reference_on_the_widened_pool(pool_dtype, heads, kv_heads, head_dim):
+    q, k_pool, v_pool, tables, lens = random_case(5, batch=7, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                                  max_len=300)
+    k16, v16 = k_pool.to(pool_dtype), v_pool.to(pool_dtype)
+    out = ops.paged_decode_attention(q, k16, v16, tables, lens, BLOCK)
+    assert out is not None and out.dtype == torch.float32
+    torch.testing.assert_close(out, reference(q, k16.float(), v16.float(), tables, lens), rtol=1e-5, atol=1e-5)
+    # and the rounding of the pool itself moves the result only a little
+    torch.testing.assert_close(out, reference(q, k_pool, v_pool, tables, lens), rtol=0, atol=0.05)
+
+
 def test_single_token_context_and_block_boundaries():
     q, k_pool, v_pool, tables, _ = random_case(1, batch=4, heads=9, kv_heads=3, head_dim=64, max_len=64)
     lens = torch.tensor([1, BLOCK, BLOCK + 1, 2 * BLOCK])
@@ -64,3 +79,4 @@ def test_declines_what_it_does_not_handle():
     assert ops.paged_decode_attention(q, k_pool, v_pool, tables, lens, BLOCK) is None  # head_dim % 8
     q, k_pool, v_pool, tables, lens = random_case(4, batch=2, heads=4, kv_heads=2, head_dim=16, max_len=20)
     assert ops.paged_decode_attention(q.double(), k_pool.double(), v_pool.double(), tables, lens, BLOCK) is None
+    assert ops.paged_decode_attention(q, k_pool.double(), v_pool.double(), tables, lens, BLOCK) is None

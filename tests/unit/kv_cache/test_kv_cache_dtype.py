@@ -1,0 +1,27 @@
+"""`kv_cache_dtype`: what the paged pool stores, validated once in the config."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kiln.config import EngineConfig
+from kiln.errors import ConfigError
+from kiln.llm.runner.model_runner import kv_bytes_per_block, kv_dtype
+
+
+def test_auto_follows_the_model_dtype_and_a_name_overrides_it():
+    assert kv_dtype(EngineConfig.from_flat()) == torch.float32
+    assert kv_dtype(EngineConfig.from_flat(dtype="bfloat16")) == torch.bfloat16
+    assert kv_dtype(EngineConfig.from_flat(kv_cache_dtype="float16")) == torch.float16
+    assert kv_dtype(EngineConfig.from_flat(dtype="float16", kv_cache_dtype="float32")) == torch.float32
+
+
+def test_unknown_kv_cache_dtypes_are_rejected_by_name():
+    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of auto, float32, float16, bfloat16, got 'fp8'"):
+        EngineConfig.from_flat(kv_cache_dtype="fp8")
+
+
+def test_a_16_bit_pool_fits_twice_the_blocks():
+    model = SimpleNamespace(arch=SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64))
+    assert kv_bytes_per_block(model, 16, torch.float32) == 2 * 30 * 16 * 3 * 64 * 4
+    assert kv_bytes_per_block(model, 16, torch.float16) == kv_bytes_per_block(model, 16, torch.float32) // 2
