@@ -183,7 +183,7 @@ def kiln_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
     t0 = time.perf_counter()
     llm = LLM(
         args.model, dtype=dtype, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, kv_cache_memory_gib=args.kv_gib,
+        max_num_seqs=args.max_num_seqs, kv_cache_memory_gib=args.kv_gib, kv_cache_dtype=args.kiln_kv_cache_dtype,
     )
     res: dict = {"engine": "kiln", "dtype": dtype, "engine_start_s": time.perf_counter() - t0}
     items = wl["items"]
@@ -373,7 +373,8 @@ def make_server(args, name: str, dtype: str, out_dir: Path) -> Server:
         port = free_port(args.kiln_port)
         cmd = [str(KILN_BIN), "serve", str(args.model), "--port", str(port), "--served-model-name", SERVED_NAME,
                "--dtype", dtype, "--kv-cache-memory-gib", str(args.kv_gib), "--max-num-seqs", str(args.max_num_seqs),
-               "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--log-level", "warning"]
+               "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--log-level", "warning",
+               "--kv-cache-dtype", args.kiln_kv_cache_dtype]
         if not args.prefix_caching:
             cmd.append("--no-enable-prefix-caching")
         env = dict(os.environ)
@@ -622,6 +623,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--kv-gib", type=float, default=2.0)
+    ap.add_argument("--kiln-kv-cache-dtype", default="auto", help="Kiln's KV pool dtype (auto = the model's)")
     ap.add_argument("--vllm-enforce-eager", action="store_true", help="vLLM without torch.compile (faster start)")
     ap.add_argument("--no-preload", action="store_true", help="no tcmalloc/iomp LD_PRELOAD for vLLM")
     ap.add_argument("--kiln-port", type=int, default=8300)
