@@ -4,10 +4,11 @@ from __future__ import annotations
 import os
 
 # Torch's CPU allocator backs tensors of 2 MiB and more with transparent huge
-# pages when this is set before torch's first allocation. Weights and the KV
-# pool are read in scattered 12 KB runs (one KV block per layer) across
-# hundreds of MB, so 4 KiB pages cost a TLB miss per run; on the 2-vCPU box
-# paged decode attention reads ~15% faster with it (docs/benchmarks.md).
+# pages when this is set before torch's first allocation. Decode attention
+# reads the KV pool in scattered 12 KB runs (one block of one layer) across
+# hundreds of MB, so 4 KiB pages cost TLB misses on every run; on the 2-vCPU box
+# paged decode attention reads 8-15% faster with it (docs/benchmarks.md);
+# the cost is 2-3 s more start-up.
 # Set THP_MEM_ALLOC_ENABLE=0 to opt out.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
