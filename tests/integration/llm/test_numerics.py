@@ -29,27 +29,17 @@ PROMPTS = [
 GREEDY_TOKENS = 32
 
 
-def kiln_prompt_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
-    """Logits for every prompt position from one flattened prefill step."""
-    core = llm.engine.core
-    req = Request("logits", token_ids, SamplingParams(max_tokens=1))
-    core.kv.allocate(req, len(token_ids))
-    try:
-        chunk = ScheduledChunk(req, 0, len(token_ids), core.kv.block_ids("logits"))
-        return core.runner.logits_for(SchedulerOutput([chunk]))
-    finally:
-        core.kv.free(req)
-
-
-def kiln_two_chunk_logits(llm: LLM, token_ids: list[int], split: int) -> torch.Tensor:
-    """Logits of positions split.. from a second prefill chunk, which reads
-    the first chunk's keys and values back from the pool."""
+def kiln_prompt_logits(llm: LLM, token_ids: list[int], split: int = 0) -> torch.Tensor:
+    """Logits for prompt positions split.. from one flattened prefill step;
+    with split > 0 a first chunk writes positions ..split into the pool and
+    the second chunk reads their keys and values back from it."""
     core = llm.engine.core
     req = Request("logits", token_ids, SamplingParams(max_tokens=1))
     core.kv.allocate(req, len(token_ids))
     try:
         blocks = core.kv.block_ids("logits")
-        core.runner.logits_for(SchedulerOutput([ScheduledChunk(req, 0, split, blocks)]))
+        if split:
+            core.runner.logits_for(SchedulerOutput([ScheduledChunk(req, 0, split, blocks)]))
         return core.runner.logits_for(SchedulerOutput([ScheduledChunk(req, split, len(token_ids) - split, blocks)]))
     finally:
         core.kv.free(req)
@@ -107,7 +97,7 @@ def test_smollm2_logits_over_a_prefix_read_back_from_the_pool(
         split = len(ids) // 2
         with torch.inference_mode():
             ref = smollm2_hf_model(torch.tensor([ids])).logits[0, split:].float()
-        got = kiln_two_chunk_logits(llm, ids, split)
+        got = kiln_prompt_logits(llm, ids, split)
         assert (got - ref).abs().max().item() < atol, prompt
 
 
