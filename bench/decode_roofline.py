@@ -13,6 +13,7 @@ Optional: achieved GFLOP/s of a prefill chunk and of decode at batch 32.
 
     PYTHONPATH=. .venv/bin/python bench/decode_roofline.py [--repeats 5] [--modes fp32,bf16,int8,int4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,7 +90,9 @@ def kv_bytes_per_token(model, context: int) -> int:
 
 def matmul_flops_per_token(model) -> int:
     a = model.arch
-    per_layer = a.hidden_size * (a.q_size + 2 * a.kv_size) + a.q_size * a.hidden_size + 3 * a.hidden_size * a.intermediate_size
+    per_layer = (
+        a.hidden_size * (a.q_size + 2 * a.kv_size) + a.q_size * a.hidden_size + 3 * a.hidden_size * a.intermediate_size
+    )
     return 2 * (a.num_layers * per_layer + a.vocab_size * a.hidden_size)
 
 
@@ -112,10 +115,20 @@ def memory_bandwidth(repeats: int, gib: float = 1.0) -> dict:
     y = torch.empty_like(x)
     sums, copies = [], []
     for _ in range(repeats):
-        t = time.perf_counter(); x.sum(); sums.append(x.nbytes / (time.perf_counter() - t) / 1e9)
-        t = time.perf_counter(); y.copy_(x); copies.append(2 * x.nbytes / (time.perf_counter() - t) / 1e9)
-    return {"read_sum_GBps": statistics.median(sums), "copy_rw_GBps": statistics.median(copies),
-            "read_sum_all": sums, "copy_all": copies, "tensor_gib": gib, "threads": torch.get_num_threads()}
+        t = time.perf_counter()
+        x.sum()
+        sums.append(x.nbytes / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter()
+        y.copy_(x)
+        copies.append(2 * x.nbytes / (time.perf_counter() - t) / 1e9)
+    return {
+        "read_sum_GBps": statistics.median(sums),
+        "copy_rw_GBps": statistics.median(copies),
+        "read_sum_all": sums,
+        "copy_all": copies,
+        "tensor_gib": gib,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def setup_mode(checkpoint, mode, kv_gib):
@@ -136,9 +149,12 @@ def summarize(llm, mode, steps, args, bw) -> dict:
     mean_ctx = args.prompt_len + args.new_tokens // 2
     wbytes, kvbytes = weight_bytes_per_token(model), kv_bytes_per_token(model, mean_ctx)
     return {
-        "mode": mode, "options": MODES[mode],
-        "decode_tok_per_s": 1 / step, "decode_tok_per_s_all": [1 / s for s in steps],
-        "weight_bytes_per_token": wbytes, "kv_bytes_per_token_mean_ctx": kvbytes,
+        "mode": mode,
+        "options": MODES[mode],
+        "decode_tok_per_s": 1 / step,
+        "decode_tok_per_s_all": [1 / s for s in steps],
+        "weight_bytes_per_token": wbytes,
+        "kv_bytes_per_token_mean_ctx": kvbytes,
         "achieved_GBps": (wbytes + kvbytes) / step / 1e9,
         "pct_of_read_bandwidth": 100 * (wbytes + kvbytes) / step / 1e9 / bw["read_sum_GBps"],
         "decode_b1_GFLOPps": (matmul_flops_per_token(model) + attention_flops(model, mean_ctx)) / step / 1e9,
@@ -149,12 +165,15 @@ def flops_figures(llm, ids, args) -> dict:
     model = llm.engine.core.runner.model
     long_prompt = ids[1000 : 1000 + args.prefill_len]
     t = timed_generate(llm, [long_prompt], 1)
-    prefill_flops = (matmul_flops_per_token(model) - 2 * model.arch.vocab_size * model.arch.hidden_size) * args.prefill_len
+    prefill_flops = (
+        matmul_flops_per_token(model) - 2 * model.arch.vocab_size * model.arch.hidden_size
+    ) * args.prefill_len
     prefill_flops += attention_flops(model, args.prefill_len // 2) * args.prefill_len
     prompts = [ids[2000 + 64 * i : 2064 + 64 * i] for i in range(32)]
     step32 = (timed_generate(llm, prompts, 17) - timed_generate(llm, prompts, 1)) / 16
     return {
-        "prefill_tokens": args.prefill_len, "prefill_GFLOPps": prefill_flops / t / 1e9,
+        "prefill_tokens": args.prefill_len,
+        "prefill_GFLOPps": prefill_flops / t / 1e9,
         "decode_b32_tok_per_s": 32 / step32,
         "decode_b32_GFLOPps": 32 * (matmul_flops_per_token(model) + attention_flops(model, 72)) / step32 / 1e9,
     }
@@ -196,14 +215,29 @@ def main() -> int:
         r = summarize(llms[mode], mode, steps[mode], args, bw)
         if args.flops:
             r.update(flops_figures(llms[mode], ids, args))
-        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if not k.endswith("_all")}), flush=True)
+        print(
+            json.dumps(
+                {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if not k.endswith("_all")}
+            ),
+            flush=True,
+        )
         results.append(r)
     by = {r["mode"]: r["decode_tok_per_s"] for r in results}
     ratios = {f"{m}_vs_{base}": by[m] / by[base] for m in by for base in ("bf16", "fp32") if base in by and m != base}
     print(json.dumps({k: round(v, 2) for k, v in ratios.items()}))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"bandwidth": bw, "modes": results, "ratios": ratios,
-                                          "threads": torch.get_num_threads(), "args": vars(args)}, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "bandwidth": bw,
+                "modes": results,
+                "ratios": ratios,
+                "threads": torch.get_num_threads(),
+                "args": vars(args),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

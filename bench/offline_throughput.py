@@ -13,6 +13,7 @@ threads, allocations or warm caches.
 
     .venv/bin/python bench/offline_throughput.py [--model PATH] [--dtype float32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,10 +59,17 @@ def hf_model_from_checkpoint(path: str, dtype: torch.dtype):
     ckpt = load_checkpoint(path)
     a = ckpt.arch
     config = LlamaConfig(
-        vocab_size=a.vocab_size, hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
-        num_hidden_layers=a.num_layers, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
-        head_dim=a.head_dim, rms_norm_eps=a.rms_norm_eps, rope_theta=a.rope_theta,
-        max_position_embeddings=a.max_position_embeddings, tie_word_embeddings=a.tie_word_embeddings,
+        vocab_size=a.vocab_size,
+        hidden_size=a.hidden_size,
+        intermediate_size=a.intermediate_size,
+        num_hidden_layers=a.num_layers,
+        num_attention_heads=a.num_heads,
+        num_key_value_heads=a.num_kv_heads,
+        head_dim=a.head_dim,
+        rms_norm_eps=a.rms_norm_eps,
+        rope_theta=a.rope_theta,
+        max_position_embeddings=a.max_position_embeddings,
+        tie_word_embeddings=a.tie_word_embeddings,
     )
     model = LlamaForCausalLM(config)
     model.load_state_dict(ckpt.weights, strict=False)
@@ -109,15 +117,19 @@ def main() -> None:
 
     tokenizer = load_tokenizer(load_checkpoint(args.model).tokenizer_path)
     items = make_workload(tokenizer, args.num_requests, seed=args.seed)
-    print(f"threads={torch.get_num_threads()} dtype={args.dtype} requests={len(items)} "
-          f"prompt_tokens={sum(len(i.prompt_token_ids) for i in items)} output_tokens={sum(i.max_tokens for i in items)}")
+    print(
+        f"threads={torch.get_num_threads()} dtype={args.dtype} requests={len(items)} "
+        f"prompt_tokens={sum(len(i.prompt_token_ids) for i in items)} output_tokens={sum(i.max_tokens for i in items)}"
+    )
     kiln = in_fresh_process(run_kiln, args, items)
     print(f"kiln     : {kiln['output_tokens']} tokens in {kiln['seconds']:.1f}s = {kiln['tok_per_s']:.1f} tok/s")
     result = {"kiln": kiln, "args": vars(args), "cpu_count": os.cpu_count()}
     if args.hf_requests:
         hf = in_fresh_process(run_hf, args, items)
-        print(f"naive HF : {hf['output_tokens']} tokens in {hf['seconds']:.1f}s = {hf['tok_per_s']:.1f} tok/s "
-              f"({hf['requests']} requests)")
+        print(
+            f"naive HF : {hf['output_tokens']} tokens in {hf['seconds']:.1f}s = {hf['tok_per_s']:.1f} tok/s "
+            f"({hf['requests']} requests)"
+        )
         result["naive_hf"] = hf
         result["ratio"] = kiln["tok_per_s"] / hf["tok_per_s"]
         print(f"ratio    : {result['ratio']:.2f}x")

@@ -17,9 +17,9 @@ import argparse
 import statistics
 import time
 
-import kiln  # noqa: F401  (before torch allocates: huge pages, as in the server)
 import torch
 
+import kiln  # noqa: F401  (before torch allocates: huge pages, as in the server)
 from kiln.llm.kernels.ops import kernels_loaded, paged_decode_attention
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -12,6 +12,7 @@ step-plan broadcast size.
 Writes bench/results/parallel_overhead.json. Every rank runs 1 torch thread
 (TP=2: two processes on the two cores); TP=1 is also timed with 2 threads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,10 @@ def run(checkpoint, args, tp: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = "1"  # spawned workers
     config = EngineConfig.from_flat(
-        model=checkpoint.source, num_blocks=512, enable_prefix_caching=False, tensor_parallel_size=tp,
+        model=checkpoint.source,
+        num_blocks=512,
+        enable_prefix_caching=False,
+        tensor_parallel_size=tp,
         max_num_batched_tokens=max(args.prefill_tokens, args.decode_batch * args.prompt_tokens),
     )
     core, _ = build_engine_core(config, checkpoint)
@@ -70,7 +74,9 @@ def run(checkpoint, args, tp: int, threads: int) -> dict:
         # Decode: a batch of short prompts, prefilled, then timed decode steps.
         params = SamplingParams(max_tokens=args.decode_steps + 5, temperature=0.0, ignore_eos=True)
         for i in range(args.decode_batch):
-            core.add_request(EngineCoreRequest(f"d{i}", [(i * 7 + j) % 1000 + 10 for j in range(args.prompt_tokens)], params))
+            core.add_request(
+                EngineCoreRequest(f"d{i}", [(i * 7 + j) % 1000 + 10 for j in range(args.prompt_tokens)], params)
+            )
         core.step()  # the prefill of the whole batch
         core.step()  # first decode (warm-up)
         times, comm = timed_steps(core, args.decode_steps, state)

@@ -12,6 +12,7 @@ point --draft-model at a real one to measure that instead.
 
     .venv/bin/python bench/spec_decode.py [--max-tokens 48] [--batches 1 4 16]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import corpus_text  # noqa: E402
-
 import torch  # noqa: E402
+from workload import corpus_text  # noqa: E402
 
 from kiln import LLM, SamplingParams  # noqa: E402
 from kiln.config import SpecConfig  # noqa: E402
@@ -85,18 +85,32 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the server's engine default on 2 cores)")
     ap.add_argument("--methods", nargs="+", default=["off", "ngram", "draft"], choices=["off", "ngram", "draft"])
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell, methods alternating; medians reported")
-    ap.add_argument("--max-batch-for-speculation", type=int, default=None,
-                    help="default: the engine's own switch-off rule (SpecConfig)")
+    ap.add_argument(
+        "--max-batch-for-speculation",
+        type=int,
+        default=None,
+        help="default: the engine's own switch-off rule (SpecConfig)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     methods = {
         "off": {},
-        "ngram": dict(spec_method="ngram", num_speculative_tokens=args.k, ngram_min_n=args.ngram_min_n,
-                      ngram_max_n=args.ngram_max_n),
-        "draft": dict(spec_method="draft", num_speculative_tokens=args.k, draft_num_layers=args.draft_layers,
-                      draft_model=args.draft_model),
+        "ngram": dict(
+            spec_method="ngram",
+            num_speculative_tokens=args.k,
+            ngram_min_n=args.ngram_min_n,
+            ngram_max_n=args.ngram_max_n,
+        ),
+        "draft": dict(
+            spec_method="draft",
+            num_speculative_tokens=args.k,
+            draft_num_layers=args.draft_layers,
+            draft_model=args.draft_model,
+        ),
     }
-    switch = {} if args.max_batch_for_speculation is None else {"max_batch_for_speculation": args.max_batch_for_speculation}
+    switch = (
+        {} if args.max_batch_for_speculation is None else {"max_batch_for_speculation": args.max_batch_for_speculation}
+    )
     # Every method's engine is built first; repeats then alternate between
     # them, so a slow minute on a shared machine hits all methods alike.
     llms = {}
@@ -105,8 +119,10 @@ def main() -> None:
         llms[name] = LLM(args.model, kv_cache_memory_gib=0.5, **(switch if options else {}), **options)
         run(llms[name], open_prompts(llms[name].tokenizer, 1), 4)  # warm-up
     tokenizer = next(iter(llms.values())).tokenizer
-    workloads = {"grounded": grounded_prompts(tokenizer, max(args.batches)),
-                 "open": open_prompts(tokenizer, max(args.batches))}
+    workloads = {
+        "grounded": grounded_prompts(tokenizer, max(args.batches)),
+        "open": open_prompts(tokenizer, max(args.batches)),
+    }
     rows = []
     for wname, prompts in workloads.items():
         for batch in args.batches:
@@ -121,8 +137,11 @@ def main() -> None:
                 drafts, accepted = sum(r["drafts"] for r in rs), sum(r["accepted"] for r in rs)
                 rate = accepted / drafts if drafts else float("nan")
                 rows.append((wname, batch, name, tpot, tok_s, rate))
-                print(f"{wname:8s} batch {batch:2d} {name:5s}: TPOT {tpot:7.1f} ms  {tok_s:6.1f} tok/s  "
-                      f"acceptance {rate:.2f}  (median of {args.repeats})", flush=True)
+                print(
+                    f"{wname:8s} batch {batch:2d} {name:5s}: TPOT {tpot:7.1f} ms  {tok_s:6.1f} tok/s  "
+                    f"acceptance {rate:.2f}  (median of {args.repeats})",
+                    flush=True,
+                )
     print("\n| workload | batch | method | TPOT ms | out tok/s | acceptance |\n|---|---|---|---|---|---|")
     for w, b, m, t, s, a in sorted(rows, key=lambda x: (x[0], x[1])):
         print(f"| {w} | {b} | {m} | {t:.1f} | {s:.1f} | {'-' if a != a else f'{a:.2f}'} |")

@@ -190,7 +190,7 @@ class EngineConfig:
             )
 
     @classmethod
-    def from_flat(cls, **options: Any) -> "EngineConfig":
+    def from_flat(cls, **options: Any) -> EngineConfig:
         """Build from flat keyword options (`dtype=..., block_size=...`).
 
         Each key must name a field of exactly one section; unknown keys raise.

@@ -8,14 +8,15 @@ Workload file (JSON), written by compare.py, read by every runner:
     {"items": [{"prompt_token_ids": [...], "max_tokens": N}, ...],
      "batch1": {"prompts": [[...], [...], [...], [...]], "decode_tokens": 128}}
 """
+
 from __future__ import annotations
 
 import glob
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVS = ROOT / "bench" / "peers" / "envs"
@@ -59,11 +60,18 @@ def find_preload_libs(venv: Path) -> list[str]:
     """tcmalloc and Intel OpenMP libraries vLLM's CPU backend asks to preload, if present."""
     found = []
     patterns = {
-        "tcmalloc": ["lib/libtcmalloc_minimal.so*", "lib/libtcmalloc.so*", "lib/python3*/site-packages/**/libtcmalloc*.so*"],
+        "tcmalloc": [
+            "lib/libtcmalloc_minimal.so*",
+            "lib/libtcmalloc.so*",
+            "lib/python3*/site-packages/**/libtcmalloc*.so*",
+        ],
         "iomp": ["lib/libiomp5.so", "lib/python3*/site-packages/**/libiomp5.so"],
     }
     system = {
-        "tcmalloc": ["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"],
+        "tcmalloc": [
+            "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+            "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+        ],
         "iomp": [],
     }
     for kind, pats in patterns.items():

@@ -65,7 +65,7 @@ def main() -> None:
         return SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0, ignore_eos=True)
 
     def gen(ids: list[int], max_tokens: int) -> int:
-        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], [params(max_tokens)], use_tqdm=False)
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], [params(max_tokens)], use_tqdm=False)  # noqa: F821 - bound in the enclosing function (ruff is misled by its later `del`)
         return len(out[0].outputs[0].token_ids)
 
     result: dict = {

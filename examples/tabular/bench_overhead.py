@@ -51,7 +51,7 @@ def direct(model_path: Path, x: np.ndarray, duration: float) -> list[dict]:
         latencies: list[list[float]] = [[] for _ in range(level)]
         deadline = time.perf_counter() + duration
 
-        def worker(i):
+        def worker(i, deadline=deadline, latencies=latencies):
             n = 0
             while time.perf_counter() < deadline:
                 start = time.perf_counter()

@@ -9,6 +9,7 @@ cancels the body iterator, whose cleanup aborts the engine request.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -45,10 +46,8 @@ class SSEResponse(StreamingResponse):
         async with anyio.create_task_group() as tg:
 
             async def stream_then_stop() -> None:
-                try:
+                with contextlib.suppress(OSError):  # the client went away mid-write
                     await self.stream_response(send)
-                except OSError:
-                    pass  # the client went away mid-write
                 tg.cancel_scope.cancel()
 
             async def listen_then_stop() -> None:

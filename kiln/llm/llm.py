@@ -32,7 +32,7 @@ class LLM:
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
         ids = []
-        for prompt, p in zip(prompts, params):
+        for prompt, p in zip(prompts, params, strict=False):
             rid = f"offline-{self._counter}"
             self._counter += 1
             self.engine.add_request(rid, prompt, p)
@@ -50,7 +50,7 @@ class LLM:
         """Stop the worker processes of a tensor/pipeline-parallel engine."""
         self.engine.shutdown()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:

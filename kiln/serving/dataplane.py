@@ -38,7 +38,7 @@ class DataPlane:
 
     @classmethod
     def for_repository(cls, repository, metrics: ServingMetrics | None = None,
-                       options: DataPlaneOptions | None = None) -> "DataPlane":
+                       options: DataPlaneOptions | None = None) -> DataPlane:
         return cls(ModelManager(repository, metrics), options)
 
     @property

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 from kiln.serving.repository.config import ModelConfig, TensorSpec
 from kiln.serving.types import InferRequest, InferResponse
 
-Result = Union[InferResponse, dict[str, np.ndarray], BaseException]
+Result = InferResponse | dict[str, np.ndarray] | BaseException
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def _check_batch(config: ModelConfig, spec: TensorSpec, shape: list[int], batch:
 
 
 def _matches(shape: list[int], dims: tuple[int, ...]) -> bool:
-    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims))
+    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims, strict=False))
 
 
 def _check_outputs(request: InferRequest, config: ModelConfig) -> None:

@@ -25,5 +25,5 @@ class OnnxRuntime(MLModel):
         results = self._session.run(self._outputs, feeds)
         return InferenceResponse(
             model_name=self.name,
-            outputs=[NumpyCodec.encode_output(n, np.asarray(r)) for n, r in zip(self._outputs, results)],
+            outputs=[NumpyCodec.encode_output(n, np.asarray(r)) for n, r in zip(self._outputs, results, strict=False)],
         )

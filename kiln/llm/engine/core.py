@@ -70,7 +70,7 @@ class EngineCore:
         self.runner.proposer.retain({r.request_id for r in running})
         chosen, counts = plan_drafts(running, self.config.spec, self.max_model_len)
         if chosen:
-            for request, drafts in zip(chosen, self.runner.propose(chosen, counts)):
+            for request, drafts in zip(chosen, self.runner.propose(chosen, counts), strict=False):
                 request.spec_token_ids = drafts
 
     def _output(self, request: Request, result: RunnerOutput) -> EngineCoreOutput:

@@ -20,6 +20,7 @@ runs the same loop in a thread with a queue for an inbox.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -234,10 +235,8 @@ def serve_engine(inbox_conn: Connection, outbox_conn: Connection) -> int:
         return 0  # the API process closed its end: nothing left to do
     except BaseException as e:
         log.exception("engine failed")
-        try:
+        with contextlib.suppress(OSError):
             send(Failed(f"{type(e).__name__}: {e}"))
-        except OSError:
-            pass
         return 1
     finally:
         if core is not None:

@@ -86,7 +86,7 @@ def run(model, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cach
     tables = [g.block_tables for g in meta.decode_groups]
     lens = [g.context_lens for g in meta.decode_groups]
     cos, sin = rope
-    for f, kv_cache in zip(model.fused_layers, kv_caches):
+    for f, kv_cache in zip(model.fused_layers, kv_caches, strict=False):
         x = torch.ops.kiln.decode_layer(
             x, f.qkv, f.o, f.gate_up, f.down, f.group_size, f.input_norm, f.post_norm,
             a.rms_norm_eps, cos, sin, kv_cache, meta.slot_mapping, tables, lens, meta.block_size,

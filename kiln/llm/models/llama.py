@@ -111,7 +111,7 @@ class LlamaModel(nn.Module):
         rope = self.rotary.tables(positions)
         if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0]):
             return self.norm(fused_decode.run(self, x, rope, kv_caches, meta))
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
             x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
 
@@ -141,7 +141,8 @@ class LlamaModel(nn.Module):
             gate_up = torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
             self._copy(layer.mlp.gate_up_proj.weight, gate_up, p + "mlp.gate_up", source)
             self._copy(layer.mlp.down_proj.weight, weights[p + "mlp.down_proj.weight"], p + "mlp.down_proj", source)
-            self._copy(layer.input_layernorm.weight, weights[p + "input_layernorm.weight"], p + "input_layernorm", source)
+            input_norm = weights[p + "input_layernorm.weight"]
+            self._copy(layer.input_layernorm.weight, input_norm, p + "input_layernorm", source)
             self._copy(
                 layer.post_attention_layernorm.weight,
                 weights[p + "post_attention_layernorm.weight"],

@@ -15,6 +15,7 @@ heartbeat now and then, so a dead remote rank is noticed without traffic.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import socket
@@ -27,6 +28,7 @@ import torch
 
 from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, KilnError, ModelLoadError
+from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.parallel.plan import (
     Heartbeat,
@@ -42,7 +44,6 @@ from kiln.llm.parallel.plan import (
 from kiln.llm.parallel.shard_builder import build_stage
 from kiln.llm.parallel.state import join_world, make_tp_groups, shutdown_distributed
 from kiln.llm.parallel.weights import WeightReader
-from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.sampling.sampler import Sampler
 from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
 
@@ -88,10 +89,8 @@ class WorkerProcesses:
     def wait(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         for proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()
 
     def kill(self) -> None:
@@ -104,7 +103,9 @@ class WorkerProcesses:
 class ParallelRunner:
     """ModelRunner's interface (execute, sampler, proposer, logits_for) over N x M ranks."""
 
-    def __init__(self, config: EngineConfig, arch: LlamaArch, reader: WeightReader, num_blocks: int, max_model_len: int):
+    def __init__(
+        self, config: EngineConfig, arch: LlamaArch, reader: WeightReader, num_blocks: int, max_model_len: int
+    ):
         p = config.parallel
         self.config = config
         self.proposer = None  # speculative decoding is rejected with TP/PP (EngineConfig)
@@ -201,7 +202,7 @@ class ParallelRunner:
         logits = torch.cat([r.logits for r in results])
         requests = [sched.chunks[c.index].request for r in results for c in r.chunks]
         tokens = self.sampler(logits, requests)
-        return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens)})
+        return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens, strict=False)})
 
     def propose(self, requests, num_drafts):
         return [[] for _ in requests]

@@ -38,7 +38,7 @@ class ColumnParallelLinear(Linear):
         self.ranges = ranges
 
     def load(self, reader: WeightReader, names: list[str]) -> None:
-        parts = [reader.read(n, 0, lo, hi) for n, (lo, hi) in zip(names, self.ranges)]
+        parts = [reader.read(n, 0, lo, hi) for n, (lo, hi) in zip(names, self.ranges, strict=False)]
         fused = torch.cat(parts) if len(parts) > 1 else parts[0]
         _check(self.weight, fused, "+".join(names))
         self.weight.data.copy_(fused)

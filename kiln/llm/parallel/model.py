@@ -98,7 +98,7 @@ class ShardedLlamaModel(nn.Module):
         if self.embed is not None:
             x = self.embed(x)
         rope = self.rotary.tables(positions)
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
             x = layer(x, rope, kv_cache, meta)
         return self.norm(x) if self.norm is not None else x
 

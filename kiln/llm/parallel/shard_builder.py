@@ -15,7 +15,12 @@ from kiln.llm.runner.model_runner import DTYPES, kv_dtype
 
 
 def build_stage(
-    config: EngineConfig, arch: LlamaArch, reader: WeightReader, state: ParallelState, num_blocks: int, max_model_len: int
+    config: EngineConfig,
+    arch: LlamaArch,
+    reader: WeightReader,
+    state: ParallelState,
+    num_blocks: int,
+    max_model_len: int,
 ) -> StageRunner:
     torch.manual_seed(config.model.seed)
     model = ShardedLlamaModel(arch, max_model_len, state)

@@ -16,8 +16,8 @@ from typing import Protocol
 import torch
 
 from kiln.errors import ModelLoadError
-from kiln.llm.models.checkpoint import expected_weight_shapes
 from kiln.llm.models.arch import LlamaArch
+from kiln.llm.models.checkpoint import expected_weight_shapes
 
 
 class WeightReader(Protocol):
@@ -50,7 +50,7 @@ class SafetensorsReader:
         for file in _safetensors_files(directory):
             handle = safe_open(str(file), framework="pt")
             self.files[file] = handle
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
                 self.where[name] = handle
         self.tied = arch.tie_word_embeddings
         missing = sorted(expected_weight_shapes(arch).keys() - self.where.keys())

@@ -19,7 +19,15 @@ import sys
 
 import torch
 
-from kiln.llm.parallel.plan import Heartbeat, ReportWeights, Stop, StepPlan, WorkerInit, gather_weight_bytes, receive_plan
+from kiln.llm.parallel.plan import (
+    Heartbeat,
+    ReportWeights,
+    StepPlan,
+    Stop,
+    WorkerInit,
+    gather_weight_bytes,
+    receive_plan,
+)
 from kiln.llm.parallel.state import join_world, make_tp_groups, shutdown_distributed
 
 log = logging.getLogger(__name__)
@@ -70,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dist-timeout-s", type=float, default=300.0)
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=os.environ.get("KILN_LOG_LEVEL", "INFO"), format=f"%(asctime)s worker {os.environ.get('RANK')} %(levelname)s %(message)s"
+        level=os.environ.get("KILN_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s worker {os.environ.get('RANK')} %(levelname)s %(message)s"
     )
     if args.parent_pid is not None:
         from kiln.llm.engine.core_proc import watch_parent
@@ -81,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]  # noqa: B018 - fail early, with the name
     except KeyError as e:
-        print(f"kiln worker: set {e.args[0]} (torchrun-style: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK)", file=sys.stderr)
+        needed = "torchrun-style: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK"
+        print(f"kiln worker: set {e.args[0]} ({needed})", file=sys.stderr)
         return 2
     if rank == 0:
         print("kiln worker: RANK 0 is the driver; start it with `kiln serve ... --worker-launch env`", file=sys.stderr)

@@ -21,6 +21,7 @@ it runs on.
 from __future__ import annotations
 
 import torch
+
 from kiln.llm.quant.base import QuantizedLinear, kernel_dtype
 
 INNER_K_TILES = 8  # CUDA tinygemm tile parameter (2, 4 or 8); the CPU kernel ignores it
@@ -76,13 +77,13 @@ class Int4Linear(QuantizedLinear):
     def from_codes(
         cls, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
         device: torch.device, model_dtype: torch.dtype,
-    ) -> "Int4Linear":
+    ) -> Int4Linear:
         dtype = kernel_dtype(device, model_dtype, bf16_only=True)
         scales_and_zeros = torch.stack([scales, zeros], dim=-1).to(device, dtype).contiguous()
         return cls(pack_int4(q, device), scales_and_zeros, q.shape[1], group_size)
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, group_size: int) -> "Int4Linear":
+    def from_float(cls, weight: torch.Tensor, group_size: int) -> Int4Linear:
         q, scales, zeros = quantize_int4(weight, group_size)
         return cls.from_codes(q, scales, zeros, group_size, weight.device, weight.dtype)
 

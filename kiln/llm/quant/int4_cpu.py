@@ -81,7 +81,7 @@ class Int4CpuLinear(QuantizedLinear):
         self.register_buffer("scale_min", scale_min.contiguous())
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, group_size: int) -> "Int4CpuLinear":
+    def from_float(cls, weight: torch.Tensor, group_size: int) -> Int4CpuLinear:
         q, scale_min = quantize_int4_fp16(weight, group_size)
         return cls(pack_codes(q), scale_min, group_size)
 
@@ -101,4 +101,7 @@ class Int4CpuLinear(QuantizedLinear):
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4 group_size={self.group_size} (Kiln CPU kernel)"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"int4 group_size={self.group_size} (Kiln CPU kernel)"
+        )

@@ -12,6 +12,7 @@ CPU).
 from __future__ import annotations
 
 import torch
+
 from kiln.llm.kernels.ops import linear_w8
 from kiln.llm.quant.base import QuantizedLinear, kernel_dtype
 
@@ -40,7 +41,7 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("scales_f32", (scales if scales_f32 is None else scales_f32).float())
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor) -> "Int8Linear":
+    def from_float(cls, weight: torch.Tensor) -> Int8Linear:
         q, scales = quantize_int8(weight)
         dtype = kernel_dtype(weight.device, weight.dtype, bf16_only=False)
         return cls(q.to(weight.device), scales.to(weight.device, dtype), scales.to(weight.device))

@@ -5,9 +5,9 @@ import torch
 
 from kiln.config import EngineConfig
 from kiln.llm.models.llama import LlamaModel
+from kiln.llm.request import Request
 from kiln.llm.runner.inputs import build_inputs
 from kiln.llm.sampling.sampler import Sampler
-from kiln.llm.request import Request
 from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
 from kiln.llm.spec_decode.proposer import Proposer
 from kiln.llm.spec_decode.verify import verify
@@ -62,7 +62,7 @@ class ModelRunner:
             return self._sample_spec(logits, inputs.sample_chunks)
         requests = [c.request for c in inputs.sample_chunks]
         tokens = self.sampler(logits, requests)
-        return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens)})
+        return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens, strict=False)})
 
     def _sample_spec(self, logits: torch.Tensor, chunks) -> RunnerOutput:
         """Plain rows go through the sampler as usual; speculative chunks'
@@ -75,7 +75,7 @@ class ModelRunner:
         plain = [c.request for c in chunks if not c.draft_token_ids]
         if plain:
             tokens = self.sampler(logits[plain_rows], plain)
-            out.sampled = {r.request_id: t for r, t in zip(plain, tokens)}
+            out.sampled = {r.request_id: t for r, t in zip(plain, tokens, strict=False)}
         spec = [c for c in chunks if c.draft_token_ids]
         out.spec_sampled = verify(logits[spec_rows], spec, self.sampler, self.proposer)
         return out

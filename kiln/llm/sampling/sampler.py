@@ -28,7 +28,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         params = [r.sampling_params for r in requests]
-        if all(p.greedy and not _needs_processing(p, r) for p, r in zip(params, requests)):
+        if all(p.greedy and not _needs_processing(p, r) for p, r in zip(params, requests, strict=False)):
             return [SampledToken(int(t)) for t in logits.argmax(dim=-1).tolist()]
         logits = self._process(logits.float(), requests)
         logprobs = logits.log_softmax(dim=-1) if any(p.logprobs is not None for p in params) else None
@@ -125,7 +125,7 @@ class Sampler:
         top = []
         if n_top > 0:
             values, ids = lp.topk(n_top)
-            top = list(zip(ids.tolist(), values.tolist()))
+            top = list(zip(ids.tolist(), values.tolist(), strict=False))
         return SampledToken(token, float(lp[token]), top)
 
 

@@ -67,14 +67,14 @@ class DraftModelProposer(Proposer):
     def propose(self, requests: list[Request], num_drafts: list[int]) -> list[list[int]]:
         self._probs.clear()
         drafts: list[list[int]] = [[] for _ in requests]
-        active = [i for i, (r, k) in enumerate(zip(requests, num_drafts)) if self._reserve(r, k)]
+        active = [i for i, (r, k) in enumerate(zip(requests, num_drafts, strict=False)) if self._reserve(r, k)]
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in active}
         for step in range(max((num_drafts[i] for i in active), default=0)):
             active = [i for i in active if len(drafts[i]) < num_drafts[i]]
             chunks = [self._next_chunk(requests[i], step) for i in active]
             logits = self._forward(chunks)
             rows = [as_if_output(requests[i], drafts[i]) for i in active]
-            for j, (i, token, p) in enumerate(zip(active, *self._choose(logits, rows))):
+            for _j, (i, token, p) in enumerate(zip(active, *self._choose(logits, rows), strict=False)):
                 drafts[i].append(token)
                 self.shadows[requests[i].request_id].prompt_token_ids.append(token)
                 if p is not None:
@@ -121,7 +121,7 @@ class DraftModelProposer(Proposer):
         random_rows = [j for j, r in enumerate(rows) if not r.sampling_params.greedy]
         if random_rows:
             warped = self.sampler.warp(logits[random_rows], [rows[j] for j in random_rows])
-            for q, j in zip(warped, random_rows):
+            for q, j in zip(warped, random_rows, strict=False):
                 qs[j] = q
                 tokens[j] = int(torch.multinomial(q, 1, generator=self.sampler.generator_for(rows[j])))
         return tokens, qs

@@ -32,4 +32,5 @@ class NgramProposer(Proposer):
         self.max_n = max_n
 
     def propose(self, requests: list[Request], num_drafts: list[int]) -> list[list[int]]:
-        return [propose_ngram(r.all_token_ids, k, self.min_n, self.max_n) for r, k in zip(requests, num_drafts)]
+        pairs = zip(requests, num_drafts, strict=True)
+        return [propose_ngram(r.all_token_ids, k, self.min_n, self.max_n) for r, k in pairs]

@@ -21,6 +21,7 @@ class Proposer(abc.ABC):
 
     def retain(self, live_ids: set[str]) -> None:
         """Drop per-request state of every request not in `live_ids`."""
+        return None
 
 
 def plan_drafts(running: list[Request], config: SpecConfig, max_model_len: int) -> tuple[list[Request], list[int]]:

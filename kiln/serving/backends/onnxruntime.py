@@ -71,7 +71,7 @@ class OnnxRuntimeModel(TensorModel):
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {k: (v.astype(str) if k in self.string_inputs else v) for k, v in inputs.items()}
         values = self.session.run(self.output_names, feed)
-        return {name: _from_ort(v) for name, v in zip(self.output_names, values)}
+        return {name: _from_ort(v) for name, v in zip(self.output_names, values, strict=False)}
 
     def unload(self) -> None:
         self.session = None

@@ -67,7 +67,7 @@ class TorchModel(TensorModel):
             return {n: _to_numpy(result[n]) for n in self.output_names}
         if len(result) != len(self.output_names):
             raise ValueError(f"model returned {len(result)} outputs, config lists {len(self.output_names)}")
-        return {n: _to_numpy(t) for n, t in zip(self.output_names, result)}
+        return {n: _to_numpy(t) for n, t in zip(self.output_names, result, strict=False)}
 
     def unload(self) -> None:
         self.module = None

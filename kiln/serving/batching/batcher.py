@@ -15,6 +15,7 @@ Models without dynamic batching use the same path with batches of one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -106,10 +107,8 @@ class DynamicBatcher:
             item.timer.cancel()
         if not item.taken:
             item.taken = True
-            try:
+            with contextlib.suppress(ValueError):
                 self._queue.remove(item)
-            except ValueError:
-                pass
 
     # ------------------------------------------------------------ workers
 
@@ -118,7 +117,7 @@ class DynamicBatcher:
             self._cond = asyncio.Condition()
             self._workers = [
                 asyncio.get_running_loop().create_task(self._worker(m, ex))
-                for m, ex in zip(self.instances, self._executors)
+                for m, ex in zip(self.instances, self._executors, strict=False)
             ]
 
     async def _worker(self, instance: Model, executor: ThreadPoolExecutor) -> None:
@@ -145,10 +144,8 @@ class DynamicBatcher:
                 remaining = deadline - time.perf_counter_ns() / 1e9
                 if remaining <= 0 or self._closed:
                     return batch
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._cond.wait(), remaining)
-                except TimeoutError:
-                    pass
 
     def _take(self, item: _Item) -> _Item:
         self._queue.remove(item)
@@ -181,7 +178,7 @@ class DynamicBatcher:
         except Exception as exc:  # noqa: BLE001 - the whole call failed
             results = [exc] * len(batch)
         self._record(instance, batch, time.perf_counter_ns() - start)
-        for item, result in zip(batch, results):
+        for item, result in zip(batch, results, strict=False):
             if not item.future.done():
                 self._settle(item, result)
 

@@ -40,7 +40,7 @@ def same_layout(a: InferRequest, b: InferRequest) -> bool:
 def _pad_to(array: np.ndarray, shape: tuple[int, ...], value: float) -> np.ndarray:
     if array.shape[1:] == shape:
         return array
-    widths = [(0, 0)] + [(0, want - have) for have, want in zip(array.shape[1:], shape)]
+    widths = [(0, 0)] + [(0, want - have) for have, want in zip(array.shape[1:], shape, strict=False)]
     if array.dtype == object:
         return np.pad(array, widths, constant_values=b"")
     return np.pad(array, widths, constant_values=value)
@@ -57,7 +57,7 @@ def concat_inputs(requests: list[InferRequest], pad_value: float | None = None) 
     for name in names:
         parts = [r.inputs[name] for r in requests]
         if pad_value is not None:
-            target = tuple(int(max(s)) for s in zip(*(p.shape[1:] for p in parts)))
+            target = tuple(int(max(s)) for s in zip(*(p.shape[1:] for p in parts), strict=False))
             parts = [_pad_to(p, target, pad_value) for p in parts]
         merged[name] = np.concatenate(parts, axis=0)
     return Batch(merged, sizes, shapes)

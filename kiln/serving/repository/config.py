@@ -7,7 +7,7 @@ inputs) happen at load time.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -96,7 +96,7 @@ class VersionPolicy(_Frozen):
     specific: tuple[int, ...] | None = None
 
     @model_validator(mode="after")
-    def _one(self) -> "VersionPolicy":
+    def _one(self) -> VersionPolicy:
         chosen = [k for k in ("latest", "all", "specific") if getattr(self, k) not in (None, False)]
         if len(chosen) > 1:
             raise ValueError(f"version_policy takes one of latest/all/specific, got {chosen}")
@@ -144,7 +144,7 @@ class EnsembleStep(_Frozen):
         return value
 
 
-ParamValue = Union[bool, int, float, str]
+ParamValue = bool | int | float | str
 
 
 class ModelConfig(_Frozen):
@@ -180,7 +180,7 @@ class ModelConfig(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ModelConfig":
+    def _consistent(self) -> ModelConfig:
         for kind, specs in (("input", self.inputs), ("output", self.outputs)):
             names = [s.name for s in specs]
             if len(set(names)) != len(names):

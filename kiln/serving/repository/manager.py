@@ -10,6 +10,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -87,10 +88,8 @@ class ModelManager:
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         names = set(self._entries)
-        try:
+        with contextlib.suppress(ConfigError):
             names.update(list_models(self.repository))
-        except ConfigError:
-            pass
         rows = []
         for name in sorted(names):
             entry = self._entries.get(name)

@@ -7,6 +7,7 @@ stopping the scheduler and unloading the instances.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -85,10 +86,8 @@ def _warm(config: ModelConfig, instances: list[Model], warmup: Warmup) -> None:
 
 
 def _quiet_unload(model: Model) -> None:
-    try:
+    with contextlib.suppress(Exception):  # best effort while failing a load
         model.unload()
-    except Exception:  # noqa: BLE001 - best effort while failing a load
-        pass
 
 
 class LoadedVersion:

@@ -111,7 +111,7 @@ def test_dynamic_batching_through_the_server(client):
     results = [h.get_result().as_numpy("OUT") for h in handles]
     after = client.get_inference_statistics("doubler")["model_stats"][0]
     unbatched = [client.infer("doubler", [_named("IN", x)]).as_numpy("OUT") for x in inputs[:2]]
-    for x, out in zip(inputs, results):
+    for x, out in zip(inputs, results, strict=True):
         assert np.array_equal(out, x * 2)
     assert np.array_equal(unbatched[1], results[1])
     executions = after["execution_count"] - before["execution_count"]

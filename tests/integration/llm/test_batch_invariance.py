@@ -45,7 +45,7 @@ def test_batch_of_16_matches_alone(make_smollm2_engine, prompts, alone, options)
     llm = make_smollm2_engine(**options)
     params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params)
-    for i, (out, ref) in enumerate(zip(outs, alone)):
+    for i, (out, ref) in enumerate(zip(outs, alone, strict=True)):
         assert out.outputs[0].token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens)"
     if "num_blocks" in options:
         assert llm.engine.last_stats.num_preemptions > 0

@@ -72,7 +72,7 @@ def test_logprobs(llm):
     params = SamplingParams(max_tokens=4, temperature=0, logprobs=3, ignore_eos=True)
     out = llm.generate(["Hello"], params)[0].outputs[0]
     assert len(out.logprobs) == 4
-    for tok, lp in zip(out.token_ids, out.logprobs):
+    for tok, lp in zip(out.token_ids, out.logprobs, strict=True):
         assert lp.token_id == tok and lp.logprob <= 0
         assert len(lp.top) == 3 and lp.top[0][0] == tok  # greedy picks the top one
         assert math.isclose(lp.top[0][1], lp.logprob, rel_tol=1e-6)

@@ -68,7 +68,7 @@ def check_against_hf(llm: LLM, hf, atol: float) -> None:
         assert (got - ref).abs().max().item() < atol, prompt
     params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
     outs = llm.generate(PROMPTS, params)  # all eight in one continuous batch
-    for prompt, out in zip(PROMPTS, outs):
+    for prompt, out in zip(PROMPTS, outs, strict=True):
         expected = hf_greedy(hf, tok.encode(prompt), GREEDY_TOKENS)
         assert out.outputs[0].token_ids == expected, prompt
 

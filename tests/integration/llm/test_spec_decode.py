@@ -65,7 +65,7 @@ def test_greedy_output_identical_with_speculation(tiny_llama_dir, prompts, plain
     # default switch-off is at 8 running requests).
     llm = LLM(str(tiny_llama_dir), max_batch_for_speculation=32, **{**POOL, **options})
     outs = llm.generate(prompts, GREEDY)
-    for i, (out, ref) in enumerate(zip(outs, plain_outputs)):
+    for i, (out, ref) in enumerate(zip(outs, plain_outputs, strict=True)):
         assert out.outputs[0].token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens)"
     stats = llm.engine.last_stats
     assert stats.spec_num_draft_tokens > 0

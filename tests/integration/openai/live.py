@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
-import json
 import subprocess
 import sys
 import threading

@@ -45,7 +45,12 @@ def test_gguf_worker_reader_slices_match_the_full_load(smollm2_path, smollm2_che
 
     arch, reader, _ = open_weights(str(smollm2_path))
     assert arch == smollm2_checkpoint.arch
-    for name in ("model.embed_tokens.weight", "model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight"):
+    names = (
+        "model.embed_tokens.weight",
+        "model.layers.3.self_attn.q_proj.weight",
+        "model.layers.3.self_attn.k_proj.weight",
+    )
+    for name in names:
         full = smollm2_checkpoint.weights[name]
         assert torch.equal(reader.read(name, 0, 2, 7), full[2:7])
         assert torch.equal(reader.read(name, 1, 10, 20), full[:, 10:20])

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from kiln import LLM, SamplingParams
+from kiln.llm.parallel.model import resident_weight_bytes
 from kiln.llm.request import Request
 from kiln.llm.scheduler.output import ScheduledChunk, SchedulerOutput
-from kiln.llm.parallel.model import resident_weight_bytes
 
 NUM_TOKENS = 16
 LOGITS_ATOL = 1e-5
@@ -40,7 +40,8 @@ def references(tiny_llama_dir, tiny_kv1_dir, token_prompts):
     refs = {}
     for name, directory in (("tiny", tiny_llama_dir), ("kv1", tiny_kv1_dir)):
         llm = LLM(str(directory), num_blocks=64)
-        refs[name] = (greedy(llm, token_prompts), prompt_logits(llm, token_prompts[0]), resident_weight_bytes(llm.engine.core.runner.model))
+        weight_bytes = resident_weight_bytes(llm.engine.core.runner.model)
+        refs[name] = (greedy(llm, token_prompts), prompt_logits(llm, token_prompts[0]), weight_bytes)
     return refs
 
 

@@ -28,6 +28,6 @@ def test_batch_and_prefix_cache_do_not_change_greedy_tokens(make_smollm2_engine,
     for caching in (True, False):
         llm = make_smollm2_engine(quantization=method, enable_prefix_caching=caching)
         outs = llm.generate(prompts, PARAMS)
-        for i, (out, ref) in enumerate(zip(outs, alone)):
+        for i, (out, ref) in enumerate(zip(outs, alone, strict=True)):
             assert out.outputs[0].token_ids == ref, f"{method} caching={caching}: prompt {i} ({len(prompts[i])} tokens)"
         assert_idle(llm)

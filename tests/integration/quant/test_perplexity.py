@@ -1,7 +1,8 @@
 """Perplexity of SmolLM2 on a fixed slice of Python's pydoc topics text:
 int8 within 1% of the float32 baseline, int4 within 6% (both computed here)."""
-import pytest
 from pydoc_data.topics import topics
+
+import pytest
 
 from kiln.config import EngineConfig
 from kiln.llm.engine.builder import build_model

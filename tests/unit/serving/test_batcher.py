@@ -67,7 +67,7 @@ def test_concurrent_requests_run_in_fewer_batches_with_identical_results():
         await batcher.stop()
         return inputs, outs, models[0].batches, stats
     inputs, outs, batches, stats = run(main())
-    for x, out in zip(inputs, outs):
+    for x, out in zip(inputs, outs, strict=True):
         assert np.array_equal(out["OUT"], x * 2)
     assert batches == [8]
     assert stats.execution_count == 1 and stats.inference_count == 8

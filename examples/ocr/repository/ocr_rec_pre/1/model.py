@@ -21,7 +21,7 @@ class RecPre:
         return [self._one(r.inputs) for r in requests]
 
     def _one(self, inputs):
-        crops = [c[:h, :w] for c, (h, w) in zip(inputs["CROPS"], inputs["CROP_SIZES"])]
+        crops = [c[:h, :w] for c, (h, w) in zip(inputs["CROPS"], inputs["CROP_SIZES"], strict=False)]
         for i, prob in enumerate(inputs["CLS_PROB"]):
             label = int(prob.argmax())
             if "180" in self.labels[label] and prob[label] > self.cls_thresh:

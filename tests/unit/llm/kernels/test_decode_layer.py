@@ -45,9 +45,9 @@ def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
     g = torch.Generator().manual_seed(batch)
     ctx = [3 + 5 * b for b in range(batch)]
     tables = [list(range(b * BLOCKS_PER_SEQ, (b + 1) * BLOCKS_PER_SEQ)) for b in range(batch)]
-    slots = [t[(n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK for t, n in zip(tables, ctx)]
+    slots = [t[(n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK for t, n in zip(tables, ctx, strict=True)]
     meta = AttentionMetadata(slot_mapping=torch.tensor(slots), block_size=BLOCK, num_decodes=batch)
-    rows = list(zip(tables, ctx))
+    rows = list(zip(tables, ctx, strict=True))
     for first in range(0, batch, 16):
         meta.decode_groups.append(_decode_group(first, rows[first : first + 16], BLOCK, torch.tensor))
     ids = torch.randint(3, ARCH.vocab_size, (batch,), generator=g)
@@ -72,7 +72,7 @@ def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch)
         model.fused_layers, layers = None, model.fused_layers
         reference = model(ids, positions, pool, meta)
     assert torch.equal(fused, reference)
-    assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool))
+    assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool, strict=True))
     model.fused_layers = layers
 
 

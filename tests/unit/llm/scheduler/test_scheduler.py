@@ -40,7 +40,8 @@ def make(num_blocks=64, budget=32, max_seqs=8, caching=True):
 
 
 def req(rid, n_prompt, max_tokens=5, base=0):
-    return Request(rid, [base + i for i in range(n_prompt)], SamplingParams(max_tokens=max_tokens, ignore_eos=True), (EOS,))
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Request(rid, [base + i for i in range(n_prompt)], params, (EOS,))
 
 
 def run(sched, runner, max_steps=1000):

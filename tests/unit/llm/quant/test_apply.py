@@ -8,11 +8,11 @@ import torch
 from kiln.config import ModelConfig
 from kiln.errors import ConfigError
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
+from kiln.llm.kernels.ops import kernels_loaded
 from kiln.llm.layers.linear import Linear
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.quant import quantize_model
-from kiln.llm.kernels.ops import kernels_loaded
 from kiln.llm.quant.int4 import Int4Linear
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
 from kiln.llm.quant.int8 import Int8Linear
@@ -82,7 +82,8 @@ def test_int4_head_on_request_and_float_head():
 
 def test_int4_unsupported_shapes_stay_float():
     model = random_model()
-    quantize_model(model, "int4", group_size=128, head_method="int4")  # hidden 64 is not a multiple of 128, intermediate 128 is
+    # hidden 64 is not a multiple of 128, intermediate 128 is
+    quantize_model(model, "int4", group_size=128, head_method="int4")
     assert sum(isinstance(m, Linear) for m in model.modules()) == 3 * ARCH.num_layers
     assert all(isinstance(layer.mlp.down_proj, INT4) for layer in model.layers)
     assert model.logits_head is None

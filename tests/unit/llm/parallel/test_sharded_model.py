@@ -7,10 +7,10 @@ from kiln.llm.models.checkpoint import expected_weight_shapes
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from kiln.llm.parallel.model import ShardedLlamaModel, resident_weight_bytes
+from kiln.llm.parallel.plan import PlanChunk
 from kiln.llm.parallel.state import ParallelState
 from kiln.llm.parallel.weights import DictReader
 from kiln.llm.runner.inputs import build_inputs
-from kiln.llm.parallel.plan import PlanChunk
 
 ARCH = LlamaArch(
     vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
