@@ -1,7 +1,8 @@
-"""The `kiln` command: serve, generate, bench serve, bench infer.
+"""The `kiln` command: serve, generate, worker, repo validate, bench serve, bench infer.
 
 Engine flags are derived from EngineConfig's dataclass fields (one flag per
-field, `--block-size` for `block_size`) and server flags from ServerSettings,
+field, `--block-size` for `block_size`) and server flags from ServerConfig,
+each with the help and allowed values its field declares (kiln/config.py),
 so a new config field is a new flag with no edit here. Only flags given on
 the command line are passed on; the dataclasses own the defaults.
 """
@@ -17,11 +18,18 @@ import types
 import typing
 from typing import Any
 
-from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpecConfig
+from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, ServerConfig, SpecConfig, field_help
 from kiln.errors import KilnError
-from kiln.frontends.settings import ServerSettings
 
 ENGINE_SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, SpecConfig, ParallelConfig)
+GROUP_TITLES = {
+    ModelConfig: "model",
+    CacheConfig: "KV cache",
+    SchedulerConfig: "scheduler",
+    SpecConfig: "speculative decoding",
+    ParallelConfig: "tensor / pipeline parallelism",
+    ServerConfig: "server",
+}
 
 
 def _flag_type(hint: Any) -> type:
@@ -35,19 +43,22 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[
     """One flag per field of `cls`; returns the field names added."""
     hints = typing.get_type_hints(cls)
     names = []
-    group = parser.add_argument_group(cls.__name__)
+    group = parser.add_argument_group(GROUP_TITLES.get(cls, cls.__name__))
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         flag, kind = "--" + f.name.replace("_", "-"), _flag_type(hints[f.name])
+        text, choices = field_help(f)
         default = f.default if f.default is not dataclasses.MISSING else None
+        if default is not None:
+            text += f" (default: {'on' if default is True else 'off' if default is False else default})"
         if kind is bool:
-            group.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=f"(default: {default})"
-            )
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
+            values = [c for c in choices or () if c is not None]
+            metavar = "{" + ",".join(map(str, values)) + "}" if values else kind.__name__.upper()
             group.add_argument(
-                flag, dest=f.name, type=kind, default=None, metavar=kind.__name__.upper(), help=f"(default: {default})"
+                flag, dest=f.name, type=kind, default=None, choices=values or None, metavar=metavar, help=text
             )
         names.append(f.name)
     return names
@@ -71,43 +82,37 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def run_serve(args: argparse.Namespace, engine_names: list[str], server_names: list[str]) -> int:
+    # Imported here, as every command's own modules are: `kiln --help` and the
+    # light commands never pay for torch and the server stack.
     from kiln.config import EngineConfig
-    from kiln.frontends.dataplane import DataPlane
-    from kiln.frontends.server import serve
+    from kiln.server.compose import build_dataplane
+    from kiln.server.run import serve
 
     options = given(args, server_names)
     options.setdefault("api_key", os.environ.get("KILN_API_KEY") or None)
-    settings = ServerSettings(**options)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    dataplane = DataPlane(settings)
+    config = ServerConfig(**options)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine_options = given(args, engine_names)
-    if args.model is not None or settings.model_repository is None:
-        dataplane.add_llm(EngineConfig.from_flat(model=args.model, **engine_options))
-    if settings.model_repository is not None:
-        attach_repository(dataplane, settings.model_repository)
-    return serve(dataplane)
+    llm = None
+    if args.model is not None or config.model_repository is None:
+        llm = EngineConfig.from_flat(model=args.model, **engine_options)
+    elif engine_options:
+        raise KilnError(
+            f"engine flags ({', '.join(sorted(engine_options))}) apply to a command-line model; "
+            "repository models take them from their config.yaml parameters"
+        )
+    return serve(build_dataplane(config, llm))
 
 
-def attach_repository(dataplane, repository: str) -> None:
-    """Serve a KServe v2 repository beside the OpenAI routes. Its `llm`
-    models also get OpenAI routes, on one shared engine each."""
-    from pathlib import Path
+def run_validate(repository: str) -> int:
+    from kiln.serving.repository.validate import validate_repository
 
-    from kiln.config import EngineConfig
-    from kiln.serving.backends.llm import engine_options
-    from kiln.serving.dataplane import DataPlane as RepositoryDataPlane
-    from kiln.serving.repository.loader import list_models, read_model
-
-    for name in list_models(Path(repository)):
-        try:
-            source = read_model(Path(repository), name)
-        except KilnError:
-            continue  # reported when the repository loads; the others still serve
-        if source.config.backend == "llm" and source.versions:
-            version_dir = source.versions[max(source.versions)]
-            options = engine_options(source.config.parameters, version_dir)
-            dataplane.add_llm(EngineConfig.from_flat(**options), name=name)
-    dataplane.attach_repository(RepositoryDataPlane.for_repository(Path(repository)))
+    problems = validate_repository(repository)
+    for line in problems:
+        print(line)
+    if not problems:
+        print(f"{repository}: all models valid")
+    return 1 if problems else 0
 
 
 # ---- generate ----------------------------------------------------------------
@@ -139,9 +144,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     sub = parser.add_subparsers(dest="command", required=True)
     names: dict[str, list[str]] = {}
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model (OpenAI + KServe v2 over HTTP) and/or a model repository (+ KServe v2 gRPC)",
+    )
     names["engine"] = add_engine_flags(serve)
-    names["server"] = add_dataclass_flags(serve, ServerSettings)
+    names["server"] = add_dataclass_flags(serve, ServerConfig)
 
     gen = sub.add_parser("generate", help="one-shot offline generation")
     add_engine_flags(gen)
@@ -185,9 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return worker_main(["--device", args.device, "--dist-timeout-s", str(args.dist_timeout_s)])
         if args.command == "repo":
-            from kiln.serving.cli import main_validate
-
-            return main_validate([args.repository])
+            return run_validate(args.repository)
         if args.bench_command == "infer":
             from kiln.bench.infer import main_bench_infer
 

@@ -12,13 +12,12 @@ import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-# role -> pid (None while unknown, e.g. the engine before it is ready)
-PidSource = Callable[[], dict[str, int | None]]
+# (model_name, process role) -> pid (None while unknown, e.g. an engine before it is ready)
+PidSource = Callable[[], dict[tuple[str, str], int | None]]
 
 
 class ProcessCollector(Collector):
-    def __init__(self, model_name: str, pids: PidSource):
-        self.model_name = model_name
+    def __init__(self, pids: PidSource):
         self.pids = pids
         self._procs: dict[int, psutil.Process] = {}
 
@@ -30,7 +29,7 @@ class ProcessCollector(Collector):
             "kiln:process_resident_memory_bytes", "Resident memory.", labels=["model_name", "process"]
         )
         threads = GaugeMetricFamily("kiln:process_threads", "Threads.", labels=["model_name", "process"])
-        for role, pid in self.pids().items():
+        for (model_name, role), pid in self.pids().items():
             proc = self._process(pid)
             if proc is None:
                 continue
@@ -39,7 +38,7 @@ class ProcessCollector(Collector):
                     times, mem, nthreads = proc.cpu_times(), proc.memory_info(), proc.num_threads()
             except psutil.Error:
                 continue
-            labels = [self.model_name, role]
+            labels = [model_name, role]
             cpu.add_metric(labels, times.user + times.system)
             rss.add_metric(labels, mem.rss)
             threads.add_metric(labels, nthreads)

@@ -1,9 +1,12 @@
-"""Request and engine metrics of one served LLM, on a dedicated registry.
+"""Request and engine metrics of the served LLMs.
 
 Names follow vLLM's with a `kiln:` prefix, so dashboards port over. Every
-metric carries `model_name`. Engine counters (prefix-cache queries and hits,
-preemptions, speculative draft and accepted tokens) arrive as running totals in EngineStats; they are turned into
-counter increments here, so the Prometheus counters stay monotonic.
+metric carries `model_name`: `LLMMetricFamilies` defines each metric once per
+registry (a server's), and `ServerMetrics` is one model's view of them.
+Engine counters (prefix-cache queries and hits, preemptions, speculative
+draft and accepted tokens) arrive as running totals in EngineStats; they are
+turned into counter increments here, so the Prometheus counters stay
+monotonic across engine restarts.
 """
 
 from __future__ import annotations
@@ -43,24 +46,21 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 SUCCESS_REASONS = ("stop", "length")
 
 
-class ServerMetrics:
-    """Implements async_llm.EngineObserver."""
+class LLMMetricFamilies:
+    """Every LLM metric, defined once on `registry`, labelled by model_name."""
 
-    def __init__(self, registry: CollectorRegistry, model_name: str):
+    def __init__(self, registry: CollectorRegistry):
         self.registry = registry
-        self.model_name = model_name
-        self._last: EngineStats | None = None
-        self._define_gauges_and_counters()
-        self._define_histograms()
-
-    def _define_gauges_and_counters(self) -> None:
         labels = ["model_name"]
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=self.registry).labels(self.model_name)
+            return Gauge(name, doc, labels, registry=registry)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=self.registry).labels(self.model_name)
+            return Counter(name, doc, labels, registry=registry)
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=registry)
 
         self.running = gauge("kiln:num_requests_running", "Requests in the engine's running batch.")
         self.waiting = gauge("kiln:num_requests_waiting", "Requests waiting in the engine's queue.")
@@ -73,30 +73,16 @@ class ServerMetrics:
         self.prompt_tokens = counter("kiln:prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("kiln:generation_tokens", "Tokens generated.")
         self.success = Counter(
-            "kiln:request_success",
-            "Requests finished, by reason.",
-            ["model_name", "finished_reason"],
-            registry=self.registry,
+            "kiln:request_success", "Requests finished, by reason.", ["model_name", "finished_reason"],
+            registry=registry,
         )
         self.failure = Counter(
-            "kiln:request_failure",
-            "Requests that did not finish, by reason.",
-            ["model_name", "reason"],
-            registry=self.registry,
+            "kiln:request_failure", "Requests that did not finish, by reason.", ["model_name", "reason"],
+            registry=registry,
         )
-        for reason in SUCCESS_REASONS:
-            self.success.labels(self.model_name, reason)
-        for reason in ("abort", "engine_dead", "rejected"):
-            self.failure.labels(self.model_name, reason)
-
-    def _define_histograms(self) -> None:
-        def hist(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry).labels(self.model_name)
-
         self.ttft = hist("kiln:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
         self.tpot = hist(
-            "kiln:time_per_output_token_seconds",
-            "Mean time per output token after the first, per request.",
+            "kiln:time_per_output_token_seconds", "Mean time per output token after the first, per request.",
             TOKEN_BUCKETS,
         )
         self.itl = hist("kiln:inter_token_latency_seconds", "Time between consecutive token deliveries.", TOKEN_BUCKETS)
@@ -106,6 +92,29 @@ class ServerMetrics:
         )
         self.batch_size = hist("kiln:batch_size", "Sequences per engine step.", BATCH_BUCKETS)
         self.step_duration = hist("kiln:step_duration_seconds", "Duration of one engine step.", STEP_BUCKETS)
+
+
+class ServerMetrics:
+    """One model's view of the LLM metrics; implements async_llm.EngineObserver."""
+
+    def __init__(self, families: LLMMetricFamilies, model_name: str):
+        self.model_name = model_name
+        self._last: EngineStats | None = None
+        f, name = families, model_name
+        self.running, self.waiting = f.running.labels(name), f.waiting.labels(name)
+        self.kv_usage = f.kv_usage.labels(name)
+        self.prefix_queries, self.prefix_hits = f.prefix_queries.labels(name), f.prefix_hits.labels(name)
+        self.preemptions = f.preemptions.labels(name)
+        self.spec_drafts, self.spec_accepted = f.spec_drafts.labels(name), f.spec_accepted.labels(name)
+        self.prompt_tokens, self.generation_tokens = f.prompt_tokens.labels(name), f.generation_tokens.labels(name)
+        self.ttft, self.tpot, self.itl = f.ttft.labels(name), f.tpot.labels(name), f.itl.labels(name)
+        self.e2e, self.queue_time = f.e2e.labels(name), f.queue_time.labels(name)
+        self.batch_size, self.step_duration = f.batch_size.labels(name), f.step_duration.labels(name)
+        self.success, self.failure = f.success, f.failure
+        for reason in SUCCESS_REASONS:
+            self.success.labels(name, reason)
+        for reason in ("abort", "engine_dead", "rejected"):
+            self.failure.labels(name, reason)
 
     # ---- EngineObserver ------------------------------------------------------
     def on_step(self, result: StepResult) -> None:

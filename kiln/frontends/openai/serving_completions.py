@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from kiln.dataplane.dataplane import DataPlane
 from kiln.errors import InvalidRequestError
-from kiln.frontends.dataplane import DataPlane
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import Usage, finish_fields, new_id, now_s, parse
 from kiln.frontends.openai.logprobs import TokenTexts, completion_logprobs
@@ -32,7 +32,7 @@ class CompletionServing:
         self.dataplane = dataplane
 
     async def create(self, request: Request) -> Response:
-        settings = self.dataplane.settings
+        settings = self.dataplane.config
         req = parse(CompletionRequest, await read_json_object(request, settings.max_request_bytes))
         served = self.dataplane.llm(req.model)
         engine = served.ready_engine()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
 from fastapi import Request
@@ -48,7 +48,7 @@ def close_all(streams: list[RequestStream]) -> None:
         s.close()
 
 
-async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merge(streams: list[RequestStream]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """(choice index, output) from all streams as they come; the first error is raised."""
     if len(streams) == 1:
         async with contextlib.aclosing(streams[0].__aiter__()) as it:

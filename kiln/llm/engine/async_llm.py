@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -84,7 +84,7 @@ class RequestStream:
             self.finished = True
             self._on_abandon(self.request_id)
 
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+    async def __aiter__(self) -> AsyncGenerator[RequestOutput, None]:
         try:
             while not self.finished:
                 item = await self._queue.get()

@@ -5,15 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from kiln.cli.main import ENGINE_SECTIONS, build_parser, given
-from kiln.config import EngineConfig
-from kiln.frontends.settings import ServerSettings
+from kiln.config import EngineConfig, ServerConfig
 
 
 def test_every_engine_and_server_field_is_a_flag():
     parser, names = build_parser()
     engine_fields = {f.name for c in ENGINE_SECTIONS for f in dataclasses.fields(c)} - {"model"}
     assert set(names["engine"]) == engine_fields
-    assert set(names["server"]) == {f.name for f in dataclasses.fields(ServerSettings)}
+    assert set(names["server"]) == {f.name for f in dataclasses.fields(ServerConfig)}
 
 
 def test_serve_flags_build_config_and_settings():
@@ -41,7 +40,7 @@ def test_serve_flags_build_config_and_settings():
         0.5,
     )
     assert config.scheduler == EngineConfig().scheduler  # untouched sections keep their defaults
-    settings = ServerSettings(**given(args, names["server"]))
+    settings = ServerConfig(**given(args, names["server"]))
     assert (settings.port, settings.max_queued_requests, settings.host) == (9000, 4, "127.0.0.1")
 
 

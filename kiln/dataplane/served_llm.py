@@ -1,33 +1,24 @@
-"""One LLM the server serves: its engine (once loaded), metrics and admission.
+"""One LLM engine the server runs: its AsyncLLM, metrics and admission.
 
-States: loading -> ready, loading -> failed, ready -> dead (engine died).
+States: loading -> ready, loading -> failed, ready -> dead (engine died),
+ready -> draining (its model version is being replaced or unloaded).
 Only `ready` takes requests; the others answer 503 with the reason.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
-from pathlib import Path
-
-from prometheus_client import CollectorRegistry
+import time
 
 from kiln.config import EngineConfig
-from kiln.errors import EngineDeadError, KilnError, OverloadedError
-from kiln.frontends.errors import ModelLoadingError
+from kiln.errors import EngineDeadError, KilnError, ModelLoadingError, ModelUnavailableError, OverloadedError
 from kiln.llm.engine.async_llm import AsyncLLM
-from kiln.metrics.process import ProcessCollector
 from kiln.metrics.server_metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
-
-def default_model_name(config: EngineConfig) -> str:
-    """The model file's or directory's name, without a .gguf suffix."""
-    from kiln.llm.engine.builder import resolve_model_path
-
-    path = Path(resolve_model_path(config))
-    return path.stem if path.suffix == ".gguf" else path.name
+DRAIN_POLL_S = 0.05
 
 
 class ServedLLM:
@@ -35,7 +26,7 @@ class ServedLLM:
         self,
         name: str,
         config: EngineConfig,
-        registry: CollectorRegistry,
+        metrics: ServerMetrics,
         *,
         engine_mode: str = "process",
         max_queued_requests: int | None = None,
@@ -46,8 +37,8 @@ class ServedLLM:
         self.max_queued_requests = max_queued_requests
         self.engine: AsyncLLM | None = None
         self.load_error: str | None = None
-        self.metrics = ServerMetrics(registry, name)
-        registry.register(ProcessCollector(name, self._pids))
+        self.draining = False
+        self.metrics = metrics
 
     @property
     def state(self) -> str:
@@ -55,7 +46,9 @@ class ServedLLM:
             return "failed"
         if self.engine is None:
             return "loading"
-        return "dead" if self.engine.is_dead else "ready"
+        if self.engine.is_dead:
+            return "dead"
+        return "draining" if self.draining else "ready"
 
     async def load(self) -> None:
         try:
@@ -66,20 +59,32 @@ class ServedLLM:
             raise
         log.info("model %s ready (max_model_len %d)", self.name, self.engine.max_model_len)
 
-    async def shutdown(self) -> None:
-        if self.engine is not None:
-            await self.engine.shutdown()
+    async def drain_and_shutdown(self, timeout_s: float) -> None:
+        """Take no new requests, let in-flight ones finish (up to `timeout_s`), stop the engine."""
+        self.draining = True
+        engine = self.engine
+        if engine is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while engine.num_in_flight and not engine.is_dead and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if engine.num_in_flight:
+            log.warning("model %s: %d requests still running after %.0fs; stopping its engine",
+                        self.name, engine.num_in_flight, timeout_s)
+        await engine.shutdown()
 
     def ready_engine(self) -> AsyncLLM:
         """The engine, if it can take requests now; else the 503 that says why."""
-        state = self.state
-        if state == "loading":
-            raise ModelLoadingError(f"model {self.name!r} is still loading")
-        if state == "failed":
+        engine = self.engine
+        if self.load_error is not None:
             raise EngineDeadError(f"model {self.name!r} failed to load: {self.load_error}")
-        if state == "dead":
-            raise EngineDeadError(f"the engine of model {self.name!r} died: {self.engine.dead_message}")
-        return self.engine
+        if engine is None:
+            raise ModelLoadingError(f"model {self.name!r} is still loading")
+        if engine.is_dead:
+            raise EngineDeadError(f"the engine of model {self.name!r} died: {engine.dead_message}")
+        if self.draining:
+            raise ModelUnavailableError(f"model {self.name!r} is being replaced or unloaded; retry")
+        return engine
 
     def admit(self, engine: AsyncLLM, num_requests: int) -> None:
         """Refuse at once when the queue (requests with no token yet) is full.
@@ -95,6 +100,12 @@ class ServedLLM:
                 f"server overloaded: {pending} requests are queued (max_queued_requests={limit}); retry later"
             )
 
-    def _pids(self) -> dict[str, int | None]:
-        engine_pid = self.engine.client.engine_pid if self.engine else None
-        return {"api": os.getpid(), "engine": engine_pid}
+    def pids(self) -> dict[str, int | None]:
+        """Processes of this engine by role (the engine core, parallel workers)."""
+        if self.engine is None:
+            return {}
+        pids: dict[str, int | None] = {"engine": self.engine.client.engine_pid}
+        info = self.engine.info
+        for i, pid in enumerate(info.worker_pids if info is not None else []):
+            pids[f"worker{i + 1}"] = pid
+        return pids

@@ -3,7 +3,8 @@
 On the signal: the DataPlane starts refusing new requests (503) and /health
 turns 503; uvicorn closes its listening socket, lets in-flight requests
 finish for up to `shutdown_timeout` seconds, then runs the lifespan shutdown,
-which stops the engine process. The process then exits 0.
+which stops gRPC and unloads every model (engine processes included). The
+process then exits 0.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import signal
 
 import uvicorn
 
-from kiln.frontends.app import build_app
-from kiln.frontends.dataplane import DataPlane
+from kiln.dataplane.dataplane import DataPlane
+from kiln.server.app import build_app
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,9 @@ class DrainingServer(uvicorn.Server):
 
 def serve(dataplane: DataPlane) -> int:
     """Blocks until the server stops; returns the process exit code."""
-    settings = dataplane.settings
+    settings = dataplane.config
     config = uvicorn.Config(
-        build_app(dataplane),
+        build_app(dataplane, on_fatal=lambda message: server.stop_fatally(message)),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -50,7 +51,6 @@ def serve(dataplane: DataPlane) -> int:
         access_log=False,
     )
     server = DrainingServer(config, dataplane)
-    dataplane.on_fatal = server.stop_fatally
     # uvicorn re-raises the caught signal after its shutdown; with a handler
     # in place that is a no-op, so a drained server exits 0, not by SIGTERM.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}

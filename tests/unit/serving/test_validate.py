@@ -1,11 +1,12 @@
-from kiln.serving.cli import main_validate, validate_repository
+from kiln.cli.main import main as kiln_main
+from kiln.serving.repository.validate import validate_repository
 from tests.unit.serving.models import DOUBLER_PY, add_sub_onnx, basic_repository, doubler_config, write_model
 
 
 def test_valid_repository_has_no_problems(tmp_path, capsys):
     basic_repository(tmp_path)
     assert validate_repository(tmp_path) == []
-    assert main_validate([str(tmp_path)]) == 0
+    assert kiln_main(["repo", "validate", str(tmp_path)]) == 0
     assert "all models valid" in capsys.readouterr().out
 
 
@@ -28,5 +29,5 @@ def test_each_bad_model_is_reported(tmp_path, capsys):
     assert "typo:" in text and "max_batch_sise" in text
     assert "no_artifact: version 1: missing artifact model.py" in text
     assert "no_version:" in text and "bad_graph:" in text and "'missing'" in text
-    assert main_validate([str(tmp_path)]) == 1
+    assert kiln_main(["repo", "validate", str(tmp_path)]) == 1
     assert validate_repository(tmp_path / "absent")[0].endswith("is not a directory")
