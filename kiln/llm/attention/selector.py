@@ -1,0 +1,36 @@
+"""Chooses the attention backend for a device.
+
+CUDA with Triton importable: Kiln's Triton kernels (TritonPagedAttention).
+Anything else: the torch reference, with Kiln's CPU kernel for decodes.
+`KILN_ATTENTION=torch` forces the reference on CUDA too (A/B runs). Triton
+stays an optional import: nothing here imports it unless it is chosen.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
+from kiln.llm.kernels.triton_env import triton_available
+
+
+def uses_triton(device: torch.device) -> bool:
+    return device.type == "cuda" and triton_available() and os.environ.get("KILN_ATTENTION", "auto") != "torch"
+
+
+def select_backend(device: torch.device) -> AttentionBackend:
+    if uses_triton(device):
+        from kiln.llm.attention.triton_backend import TritonPagedAttention
+
+        return TritonPagedAttention()
+    return TorchPagedAttention()
+
+
+def install_attention_backend(model: nn.Module, device: torch.device) -> None:
+    """Give every attention module of `model` the backend chosen for `device`
+    (one instance per layer: an fp8 pool's scales are per layer)."""
+    for module in model.modules():
+        if isinstance(getattr(module, "backend", None), AttentionBackend):
+            module.backend = select_backend(device)
