@@ -26,6 +26,10 @@ class ModelConfig:
     seed: int = 0
     quantization: str | None = None  # weight-only: None | "int8" (per channel) | "int4" (group-wise)
     quant_group_size: int = 32  # int4 group length along the input dimension
+    # CUDA only: decode steps of up to cuda_graph_max_batch_size sequences
+    # replay captured CUDA graphs (the batch padded to the next captured size).
+    enable_cuda_graphs: bool = True
+    cuda_graph_max_batch_size: int = 256
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -43,9 +47,11 @@ class ModelConfig:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}", param="device")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("max_model_len must be positive", param="max_model_len")
+        if not 1 <= self.cuda_graph_max_batch_size <= 1024:
+            raise ConfigError("cuda_graph_max_batch_size must be in [1, 1024]", param="cuda_graph_max_batch_size")
 
 
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,8 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     # What the pool stores: "auto" = the model's dtype. A 16-bit pool halves
     # the bytes decode attention reads (keys and values are rounded once, when
-    # written; attention still computes in the model's dtype).
+    # written; attention still computes in the model's dtype). "fp8_e4m3"
+    # (CUDA only) quarters an fp32 pool, with a per-tensor scale per layer.
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -175,6 +182,12 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
+        if self.cache.kv_cache_dtype == "fp8_e4m3" and not self.model.device.startswith("cuda"):
+            raise ConfigError(
+                "kv_cache_dtype 'fp8_e4m3' needs --device cuda (Kiln's Triton attention kernels); "
+                f"on {self.model.device!r} use float16, bfloat16 or float32",
+                param="kv_cache_dtype",
+            )
         if self.parallel.world_size > 1 and self.spec.spec_method is not None:
             raise ConfigError(
                 "speculative decoding is not supported with tensor or pipeline parallelism yet; "

@@ -79,9 +79,10 @@ def build_plan(meta: AttentionMetadata, num_kv_heads: int, device: torch.device)
         starts, q_lens, prefix_lens = host.to(device, non_blocking=True)
         width = max((s.block_table.shape[0] for s in seqs if s.block_table is not None), default=1)
         empty = torch.zeros(width, dtype=torch.long, device=device)
-        tables = torch.stack(
-            [empty if s.block_table is None else F.pad(s.block_table, (0, width - s.block_table.shape[0])) for s in seqs]
-        )
+        tables = torch.stack([
+            empty if s.block_table is None else F.pad(s.block_table, (0, width - s.block_table.shape[0]))
+            for s in seqs
+        ])
         prefill = PrefillPlan(starts, q_lens, prefix_lens, tables, max(s.q_len for s in seqs))
     return TritonPlan(meta.num_decodes, decode, prefill)
 

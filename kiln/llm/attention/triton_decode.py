@@ -72,9 +72,7 @@ def _decode_kernel(
     q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                 mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
     q = q.to(tl.float32) * qk_scale  # softmax scale, log2(e) and the fp8 key scale
-    if DOT_F32:
-        q = q.to(tl.float32)
-    else:
+    if not DOT_F32:
         q = q.to(q_ptr.dtype.element_ty)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)

@@ -47,9 +47,7 @@ def _prefill_kernel(
     q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
     q = q.to(tl.float32) * qk_scale
-    if DOT_F32:
-        q = q.to(tl.float32)
-    else:
+    if not DOT_F32:
         q = q.to(q_ptr.dtype.element_ty)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)

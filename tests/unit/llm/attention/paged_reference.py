@@ -31,8 +31,8 @@ def random_tables(lens, block_size, num_blocks, generator, width=None):
 
 def gather(pool, table, n, block_size):
     """pool [slots, KVH, D] -> the first n tokens of `table`'s blocks, float64."""
-    slots = torch.tensor([int(table[p // block_size]) * block_size + p % block_size for p in range(n)], dtype=torch.long)
-    return pool[slots].double()
+    slots = [int(table[p // block_size]) * block_size + p % block_size for p in range(n)]
+    return pool[torch.tensor(slots, dtype=torch.long)].double()
 
 
 def attend(q, keys, values, visible=None):
