@@ -82,7 +82,11 @@ def run_serve(args: argparse.Namespace, engine_names: list[str], server_names: l
     dataplane = DataPlane(settings)
     engine_options = given(args, engine_names)
     if args.model is not None or settings.model_repository is None:
-        dataplane.add_llm(EngineConfig.from_flat(model=args.model, **engine_options))
+        from kiln.llm.device import require_device
+
+        config = EngineConfig.from_flat(model=args.model, **engine_options)
+        require_device(config.model.device)  # a clear error (exit 2) here, not a traceback from the engine process
+        dataplane.add_llm(config)
     if settings.model_repository is not None:
         attach_repository(dataplane, settings.model_repository)
     return serve(dataplane)

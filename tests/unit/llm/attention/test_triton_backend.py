@@ -67,3 +67,30 @@ def test_the_plan_is_built_once_per_step():
     assert plan.prefill.max_q_len == 70 and plan.prefill.prefix_lens.tolist() == [48, 0]
     second = backend.forward(*args, pool, inputs.meta)  # layer 2: same plan object, same result
     assert inputs.meta.kernel_plan is plan and torch.equal(first, second)
+
+
+def test_an_engine_generates_the_same_tokens_with_either_backend():
+    """Chunked prefills (a 32-token budget), prefix-cache hits (shared
+    prompt heads), decodes: fp32, so both backends compute the same sums up
+    to rounding order, and greedy tokens must agree."""
+    from kiln.config import EngineConfig
+    from kiln.llm.engine.synthetic import generate, synthetic_engine_core
+    from kiln.llm.models.arch import LlamaArch
+
+    arch = LlamaArch(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=1e4, max_position_embeddings=256,
+                     tie_word_embeddings=True)
+    config = EngineConfig.from_flat(max_model_len=128, num_blocks=40, max_num_batched_tokens=32, seed=3)
+    shared = list(range(10, 50))
+    prompts = [shared + [1, 2, 3], shared + [4], list(range(60, 65)), shared[:20] + [9] * 15]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outputs = []
+    for backend in (TorchPagedAttention, TritonPagedAttention):
+        core = synthetic_engine_core(arch, config)
+        model = core.runner.model
+        model.fused_layers = None  # Kiln's fused CPU decode layer would bypass the backend
+        for layer in model.layers:
+            layer.self_attn.backend = backend()
+        outputs.append(generate(core, prompts, params))
+        assert core.scheduler.stats().prefix_cache_hits > 0
+    assert outputs[0] == outputs[1]
