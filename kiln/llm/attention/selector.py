@@ -8,6 +8,7 @@ stays an optional import: nothing here imports it unless it is chosen.
 from __future__ import annotations
 
 import os
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -33,4 +34,4 @@ def install_attention_backend(model: nn.Module, device: torch.device) -> None:
     (one instance per layer: an fp8 pool's scales are per layer)."""
     for module in model.modules():
         if isinstance(getattr(module, "backend", None), AttentionBackend):
-            module.backend = select_backend(device)
+            cast(Any, module).backend = select_backend(device)

@@ -160,6 +160,7 @@ def decode_attention(
     group = heads // kv_heads
     qk_scale = head_dim**-0.5 * LOG2E * k_scale
     single = max_splits == 1
+    part_strides: tuple[int, ...]
     if single:
         part_out = part_lse = out  # unused
         part_strides = (0, 0, 0, 0, 0)

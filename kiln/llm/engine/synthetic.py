@@ -22,18 +22,19 @@ from kiln.llm.runner.cuda_graphs import build_cuda_graphs
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_dtype
 from kiln.llm.sampling_params import SamplingParams
 
-_LLAMA3_ROPE = dict(rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072, bos_token_id=128000,
-                    eos_token_ids=(128001, 128008, 128009))
-
 # The published configurations (config.json) of two Llama models.
 LLAMA_SHAPES = {
     "Llama-3.2-1B": LlamaArch(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
-        head_dim=64, tie_word_embeddings=True, rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192), **_LLAMA3_ROPE,
+        head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+        tie_word_embeddings=True, rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192), bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
     ),
     "Llama-3.1-8B": LlamaArch(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
-        head_dim=128, tie_word_embeddings=False, rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192), **_LLAMA3_ROPE,
+        head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+        tie_word_embeddings=False, rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192), bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
     ),
 }
 

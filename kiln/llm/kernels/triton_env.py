@@ -36,8 +36,9 @@ class Kernel:
 
     def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
         self._jitted: dict[bool, Any] = {}
-        functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid):
         mode = interpreting()

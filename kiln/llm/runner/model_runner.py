@@ -1,6 +1,8 @@
 """Owns the model, the KV pool tensors and the sampler; runs one step."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kiln.config import EngineConfig
@@ -11,6 +13,9 @@ from kiln.llm.sampling.sampler import Sampler
 from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
 from kiln.llm.spec_decode.proposer import Proposer
 from kiln.llm.spec_decode.verify import verify
+
+if TYPE_CHECKING:
+    from kiln.llm.runner.cuda_graphs import CudaGraphRunner
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_DTYPES = {**DTYPES, "fp8_e4m3": torch.float8_e4m3fn}
@@ -45,7 +50,7 @@ class ModelRunner:
         ]
         self.sampler = Sampler(device, seed)
         self.proposer: Proposer | None = None  # set when speculative decoding is on
-        self.cuda_graphs = None  # runner.cuda_graphs.CudaGraphRunner, set by the builder on CUDA
+        self.cuda_graphs: CudaGraphRunner | None = None  # decode graphs, set by the builder on CUDA
 
     def check_health(self) -> None:
         """Nothing outside this process to lose (see ParallelRunner)."""
