@@ -18,6 +18,7 @@ from kiln.llm.kernels.triton_env import kernel, next_pow2
 
 BLOCK_M = 64  # queries per program
 BLOCK_N = 64  # keys per tile
+F32_BLOCK = 32  # both, for fp32 products (twice the registers per element; 64 compiles for ~40 s)
 
 
 @kernel
@@ -126,13 +127,14 @@ def prefill_attention(
     heads, head_dim = q.shape[1], q.shape[2]
     if num_chunks == 0 or max_q_len == 0:
         return out
-    grid = (num_chunks, heads, (max_q_len + BLOCK_M - 1) // BLOCK_M)
+    block_m, block_n = (F32_BLOCK, F32_BLOCK) if dot_f32 else (BLOCK_M, BLOCK_N)
+    grid = (num_chunks, heads, (max_q_len + block_m - 1) // block_m)
     _prefill_kernel[grid](
         q, k, v, k_cache, v_cache, out, q_starts, q_lens, prefix_lens, block_tables,
         head_dim**-0.5 * LOG2E, k_scale, v_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), PAGE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DOT_F32=dot_f32,
+        BLOCK_M=block_m, BLOCK_N=block_n, DOT_F32=dot_f32, num_warps=8 if head_dim >= 128 else 4,
     )
     return out
