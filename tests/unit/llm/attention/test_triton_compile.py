@@ -80,8 +80,8 @@ def test_layer_kernels_compile_for_sm90(monkeypatch):
         x = torch.empty(4, 4096, dtype=torch.bfloat16)
         triton_layers.rms_norm(x, x[0], 1e-5)
         triton_layers.add_rms_norm(x, x, x[0], 1e-5)
-        triton_layers.rotary_(torch.empty(4, 32, 128, dtype=torch.bfloat16),
-                              torch.empty(4, 8, 128, dtype=torch.bfloat16), torch.empty(4, 1, 64), torch.empty(4, 1, 64))
+        q, k = torch.empty(4, 32, 128, dtype=torch.bfloat16), torch.empty(4, 8, 128, dtype=torch.bfloat16)
+        triton_layers.rotary_(q, k, torch.empty(4, 1, 64), torch.empty(4, 1, 64))
         triton_layers.silu_mul(torch.empty(4, 2 * 14336, dtype=torch.bfloat16))
 
     launches = record(monkeypatch, launch)
