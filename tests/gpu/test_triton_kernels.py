@@ -17,11 +17,10 @@ CUDA = torch.device("cuda")
 TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64)])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_decode(dtype, group, block_size, head_dim):
+def test_decode(dtype, head_dim, group, block_size):
     from kiln.llm.attention.triton_backend import num_sms
     from kiln.llm.attention.triton_decode import decode_attention, max_splits_for
 
