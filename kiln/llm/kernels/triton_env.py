@@ -64,7 +64,6 @@ def _interpretable_library():
     (compiled-mode objects when triton was imported without TRITON_INTERPRET)
     are replaced by interpreted copies in triton.language and its modules."""
     import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     copies: dict[int, Any] = {}
@@ -72,7 +71,7 @@ def _interpretable_library():
     for module in (tl, tl.standard, tl.math, tl.core):
         for name, value in list(vars(module).items()):
             if isinstance(value, JITFunction):
-                copy = copies.setdefault(id(value), InterpretedFunction(value.fn))
+                copy = copies.setdefault(id(value), _restoring_interpreted(value.fn))
                 swapped.append((module, name, value))
                 setattr(module, name, copy)
     try:
@@ -80,6 +79,27 @@ def _interpretable_library():
     finally:
         for module, name, value in swapped:
             setattr(module, name, value)
+
+
+def _restoring_interpreted(fn: Callable[..., Any]):
+    """An interpreted device function that undoes its patches of
+    triton.language when it returns. Triton's own (3.9) patches the language
+    for every device-function call and never restores it, which leaves the
+    process unable to compile kernels for a GPU afterwards."""
+    from triton.runtime import interpreter
+    from triton.runtime.errors import InterpreterError
+
+    class Restoring(interpreter.InterpretedFunction):
+        def __call__(self, *args, **kwargs):
+            scope = interpreter._patch_lang(self.fn)
+            try:
+                return self.rewrite()(*args, **kwargs)
+            except Exception as e:
+                raise InterpreterError(repr(e)) from e
+            finally:
+                scope.restore()
+
+    return Restoring(fn)
 
 
 def kernel(fn: Callable[..., Any]) -> Kernel:
