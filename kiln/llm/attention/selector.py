@@ -13,6 +13,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from kiln.errors import ConfigError
 from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
 from kiln.llm.kernels.triton_env import triton_available
 
@@ -29,9 +30,15 @@ def select_backend(device: torch.device) -> AttentionBackend:
     return TorchPagedAttention()
 
 
-def install_attention_backend(model: nn.Module, device: torch.device) -> None:
+def install_attention_backend(model: nn.Module, device: torch.device, kv_cache_dtype: torch.dtype) -> None:
     """Give every attention module of `model` the backend chosen for `device`
     (one instance per layer: an fp8 pool's scales are per layer)."""
+    if kv_cache_dtype == torch.float8_e4m3fn and not uses_triton(device):
+        raise ConfigError(
+            "kv_cache_dtype 'fp8_e4m3' needs Kiln's Triton kernels on CUDA: install triton "
+            "(pip install 'kiln[cuda]') and leave KILN_ATTENTION unset",
+            param="kv_cache_dtype",
+        )
     for module in model.modules():
         if isinstance(getattr(module, "backend", None), AttentionBackend):
             cast(Any, module).backend = select_backend(device)

@@ -45,7 +45,7 @@ def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) 
     model = model.to(device=device)
     quantize_model(model, config.model.quantization, config.model.quant_group_size)
     model = model.to(dtype=DTYPES[config.model.dtype]).eval()
-    install_attention_backend(model, device)
+    install_attention_backend(model, device, kv_dtype(config))
     pack_for_prefill(model)
     if model.logits_head is None:
         model.lm_head_packed = pack_linear_weight(model.lm_head)

@@ -28,7 +28,7 @@ def build_stage(
     model.load_weights(reader)
     # Per-module transforms of the loaded shard (e.g. weight-only quantization) go here.
     model = model.to(device=state.device, dtype=DTYPES[config.model.dtype]).eval()
-    install_attention_backend(model, state.device)
+    install_attention_backend(model, state.device, kv_dtype(config))
     pack_for_prefill(model)
     return StageRunner(model, state, num_blocks, config.cache.block_size, kv_dtype(config))
 

@@ -49,3 +49,12 @@ def test_cuda_graph_options_are_validated():
     assert EngineConfig.from_flat(enable_cuda_graphs=False).model.enable_cuda_graphs is False
     with pytest.raises(ConfigError, match="cuda_graph_max_batch_size"):
         EngineConfig.from_flat(cuda_graph_max_batch_size=0)
+
+
+def test_an_fp8_pool_without_the_triton_backend_is_a_config_error():
+    from torch import nn
+
+    from kiln.llm.attention.selector import install_attention_backend
+
+    with pytest.raises(ConfigError, match="fp8_e4m3' needs Kiln's Triton kernels"):
+        install_attention_backend(nn.Module(), torch.device("cpu"), torch.float8_e4m3fn)
