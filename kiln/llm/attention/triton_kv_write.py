@@ -13,8 +13,6 @@ import triton.language as tl
 
 from kiln.llm.kernels.triton_env import kernel, next_pow2
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
 
 @kernel
 def _write_kv_kernel(
@@ -33,7 +31,7 @@ def _write_kv_kernel(
     mask = (heads[:, None] < NUM_KV_HEADS) & (dims[None, :] < HEAD_DIM)
     k = tl.load(k_ptr + t * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
     v = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
-    if QUANT:
+    if QUANT:  # 448 = the largest finite float8_e4m3fn
         k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -448.0), 448.0)
         v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -448.0), 448.0)
     dst = slot * stride_cs + heads[:, None] * stride_ch + dims[None, :]
