@@ -24,7 +24,7 @@ def field_help(f: dataclasses.Field) -> tuple[str, tuple[Any, ...] | None]:
     return f.metadata.get("help", ""), f.metadata.get("choices")
 
 DTYPES = ("float32", "bfloat16", "float16")
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3")
 DEVICES = ("cpu", "cuda")
 QUANTIZATIONS = (None, "int8", "int4")
 QUANT_GROUP_SIZES = (32, 64, 128, 256)
@@ -41,6 +41,10 @@ class ModelConfig:
         None, "weight-only quantization: int8 (per output channel) or int4 (group-wise)", ("int8", "int4")
     )
     quant_group_size: int = option(32, "int4 group length along the input dimension", QUANT_GROUP_SIZES)
+    enable_cuda_graphs: bool = option(
+        True, "CUDA: replay captured graphs for decode steps (batch padded to the next captured size)"
+    )
+    cuda_graph_max_batch_size: int = option(256, "CUDA: largest decode batch replayed from a graph (1-1024)")
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -58,6 +62,8 @@ class ModelConfig:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}", param="device")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("max_model_len must be positive", param="max_model_len")
+        if not 1 <= self.cuda_graph_max_batch_size <= 1024:
+            raise ConfigError("cuda_graph_max_batch_size must be in [1, 1024]", param="cuda_graph_max_batch_size")
 
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -71,6 +77,7 @@ class CacheConfig:
     enable_prefix_caching: bool = option(True, "reuse KV blocks of identical prompt prefixes")
     # A 16-bit pool halves the bytes decode attention reads (keys and values
     # are rounded once, when written; attention still computes in the model's dtype).
+    # "fp8_e4m3" (CUDA only) quarters an fp32 pool, with a per-tensor scale per layer.
     kv_cache_dtype: str = option("auto", "what the KV pool stores (auto = the model's dtype)", KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:
@@ -191,6 +198,12 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
+        if self.cache.kv_cache_dtype == "fp8_e4m3" and not self.model.device.startswith("cuda"):
+            raise ConfigError(
+                "kv_cache_dtype 'fp8_e4m3' needs --device cuda (Kiln's Triton attention kernels); "
+                f"on {self.model.device!r} use float16, bfloat16 or float32",
+                param="kv_cache_dtype",
+            )
         if self.parallel.world_size > 1 and self.spec.spec_method is not None:
             raise ConfigError(
                 "speculative decoding is not supported with tensor or pipeline parallelism yet; "

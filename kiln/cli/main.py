@@ -85,6 +85,7 @@ def run_serve(args: argparse.Namespace, engine_names: list[str], server_names: l
     # Imported here, as every command's own modules are: `kiln --help` and the
     # light commands never pay for torch and the server stack.
     from kiln.config import EngineConfig
+    from kiln.llm.device import require_device
     from kiln.server.compose import build_dataplane
     from kiln.server.run import serve
 
@@ -96,6 +97,7 @@ def run_serve(args: argparse.Namespace, engine_names: list[str], server_names: l
     llm = None
     if args.model is not None or config.model_repository is None:
         llm = EngineConfig.from_flat(model=args.model, **engine_options)
+        require_device(llm.model.device)  # a clear error (exit 2) here, not a traceback from the engine process
     elif engine_options:
         raise KilnError(
             f"engine flags ({', '.join(sorted(engine_options))}) apply to a command-line model; "

@@ -9,6 +9,8 @@ import torch
 
 from kiln.config import EngineConfig
 from kiln.errors import ConfigError
+from kiln.llm.attention.selector import install_attention_backend
+from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
 from kiln.llm.kernels.ops import pack_linear_weight
 from kiln.llm.layers.linear import pack_for_prefill
@@ -17,6 +19,7 @@ from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
 from kiln.llm.models.default_model import default_model_path
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.quant import quantize_model
+from kiln.llm.runner.cuda_graphs import build_cuda_graphs
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
 from kiln.llm.spec_decode.ngram import NgramProposer
@@ -30,9 +33,7 @@ def resolve_model_path(config: EngineConfig) -> str:
 
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
-    device = torch.device(config.model.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' requested but CUDA is not available", param="device")
+    device = require_device(config.model.device)
     model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
     model.load_weights(checkpoint.weights, checkpoint.source)
     return finish_model(model, config, device)
@@ -44,6 +45,7 @@ def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) 
     model = model.to(device=device)
     quantize_model(model, config.model.quantization, config.model.quant_group_size)
     model = model.to(dtype=DTYPES[config.model.dtype]).eval()
+    install_attention_backend(model, device, kv_dtype(config))
     pack_for_prefill(model)
     if model.logits_head is None:
         model.lm_head_packed = pack_linear_weight(model.lm_head)
@@ -107,8 +109,7 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
 
     started = time.perf_counter()
     p = config.parallel
-    if config.model.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' requested but CUDA is not available", param="device")
+    require_device(config.model.device)
     path = resolve_model_path(config)
     if checkpoint is None:
         arch, reader, tokenizer_path = open_weights(path)
@@ -138,6 +139,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     if config.parallel.world_size > 1:
         return build_parallel_engine_core(config, checkpoint)
     started = time.perf_counter()
+    require_device(config.model.device)  # before the (slow) checkpoint load
     checkpoint = checkpoint or load_checkpoint(resolve_model_path(config))
     torch.manual_seed(config.model.seed)
     max_model_len = decide_max_model_len(checkpoint, config)
@@ -151,6 +153,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
         kv_dtype(config),
     )
     runner.proposer = build_proposer(config, checkpoint, runner, num_blocks, max_model_len)
+    runner.cuda_graphs = build_cuda_graphs(runner, config, max_model_len)
     core = EngineCore(config, runner, num_blocks, max_model_len)
     log.info(
         "engine ready: %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs",

@@ -130,12 +130,28 @@ def paged_decode_attention(
     )
 
 
+def _cuda_layers(x: torch.Tensor):
+    """kiln.llm.kernels.triton_layers for a CUDA tensor (Triton installed,
+    KILN_KERNELS not 0), else None."""
+    if x.device.type != "cuda" or os.environ.get("KILN_KERNELS", "1") == "0":
+        return None
+    from kiln.llm.kernels.triton_env import triton_available
+
+    if not triton_available():
+        return None
+    from kiln.llm.kernels import triton_layers
+
+    return triton_layers
+
+
 def _fp32_cpu(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and kernels_loaded()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
-    """RMSNorm of x [M, K] rows in one call, or None when not fp32 CPU."""
+    """RMSNorm of x [M, K] rows in one call, or None when not fp32 CPU (or CUDA: Triton)."""
+    if x.dim() == 2 and x.stride(-1) == 1 and (gpu := _cuda_layers(x)) is not None:
+        return gpu.rms_norm(x, weight, eps)
     if x.dim() != 2 or not _fp32_cpu(x, weight):
         return None
     return torch.ops.kiln.rms_norm(x, weight, eps)
@@ -145,6 +161,8 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(rms_norm(x + residual), x + residual) in one call, or None."""
+    if x.dim() == 2 and x.stride(-1) == residual.stride(-1) == 1 and (gpu := _cuda_layers(x)) is not None:
+        return gpu.add_rms_norm(x, residual, weight, eps)
     if x.dim() != 2 or not _fp32_cpu(x, residual, weight):
         return None
     return torch.ops.kiln.add_rms_norm(x, residual, weight, eps)
@@ -152,7 +170,10 @@ def add_rms_norm(
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Rotate-half RoPE on q [T, H, D] and k [T, KVH, D] in place; False
-    (nothing done) when not fp32 CPU."""
+    (nothing done) when not fp32 CPU (or CUDA: Triton)."""
+    if q.stride(-1) == 1 and k.stride(-1) == 1 and (gpu := _cuda_layers(q)) is not None:
+        gpu.rotary_(q, k, cos, sin)
+        return True
     if q.stride(-1) != 1 or k.stride(-1) != 1 or not _fp32_cpu(q, k, cos, sin):
         return False
     torch.ops.kiln.rotary_(q, k, cos, sin)
@@ -161,6 +182,8 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up for gate_up [T, 2I] = gate | up, or None."""
+    if gate_up.dim() == 2 and gate_up.stride(-1) == 1 and (gpu := _cuda_layers(gate_up)) is not None:
+        return gpu.silu_mul(gate_up)
     if gate_up.dim() != 2 or not _fp32_cpu(gate_up):
         return None
     return torch.ops.kiln.silu_mul(gate_up)

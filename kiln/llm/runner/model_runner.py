@@ -1,6 +1,8 @@
 """Owns the model, the KV pool tensors and the sampler; runs one step."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kiln.config import EngineConfig
@@ -12,13 +14,17 @@ from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
 from kiln.llm.spec_decode.proposer import Proposer
 from kiln.llm.spec_decode.verify import verify
 
+if TYPE_CHECKING:
+    from kiln.llm.runner.cuda_graphs import CudaGraphRunner
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_DTYPES = {**DTYPES, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def kv_dtype(config: EngineConfig) -> torch.dtype:
     """The KV pool's dtype: the model's unless `cache.kv_cache_dtype` names one."""
     name = config.cache.kv_cache_dtype
-    return DTYPES[config.model.dtype if name == "auto" else name]
+    return KV_DTYPES[config.model.dtype if name == "auto" else name]
 
 
 def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
@@ -44,6 +50,7 @@ class ModelRunner:
         ]
         self.sampler = Sampler(device, seed)
         self.proposer: Proposer | None = None  # set when speculative decoding is on
+        self.cuda_graphs: CudaGraphRunner | None = None  # decode graphs, set by the builder on CUDA
 
     def check_health(self) -> None:
         """Nothing outside this process to lose (see ParallelRunner)."""
@@ -54,10 +61,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         inputs = build_inputs(sched.chunks, self.block_size, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        if not inputs.sample_chunks:
-            return RunnerOutput()
-        logits = self.model.compute_logits(hidden[inputs.sample_rows])
+        logits = self.cuda_graphs.logits(inputs) if self.cuda_graphs is not None else None
+        if logits is None:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+            if not inputs.sample_chunks:
+                return RunnerOutput()
+            logits = self.model.compute_logits(hidden[inputs.sample_rows])
         if inputs.has_spec:
             return self._sample_spec(logits, inputs.sample_chunks)
         requests = [c.request for c in inputs.sample_chunks]
