@@ -66,6 +66,9 @@ class Ready(msgspec.Struct, tag="ready"):
     block_size: int
     pid: int
     worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
+    # Memory this process holds (0: not known, e.g. with tensor/pipeline parallelism).
+    weights_bytes: int = 0
+    kv_cache_bytes: int = 0
 
 
 class StepResult(msgspec.Struct, tag="step"):
@@ -168,7 +171,21 @@ def ready_message(core, checkpoint) -> Ready:
         block_size=core.config.cache.block_size,
         pid=os.getpid(),
         worker_pids=list(getattr(core.runner, "worker_pids", [])),
+        weights_bytes=_tensor_bytes(_model_tensors(core.runner)),
+        kv_cache_bytes=_tensor_bytes(getattr(core.runner, "kv_caches", None) or []),
     )
+
+
+def _model_tensors(runner) -> list:
+    """Parameters and buffers of a single-process runner's model (none for a parallel runner)."""
+    model = getattr(runner, "model", None)
+    if model is None or not hasattr(model, "parameters"):
+        return []
+    return [*model.parameters(), *model.buffers()]
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 # ---- the process -------------------------------------------------------------
