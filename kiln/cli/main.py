@@ -14,9 +14,9 @@ import dataclasses
 import logging
 import os
 import sys
-from pathlib import Path
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, ServerConfig, SpecConfig, field_help

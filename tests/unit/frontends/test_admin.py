@@ -39,7 +39,8 @@ def test_admin_routes_list_change_and_delete(tmp_path):
         listed = client.get("/admin/routes", headers=AUTH).json()["routes"]
         assert listed == [{
             "name": "r",
-            "targets": [{"target": "m@1", "weight": 3.0, "share": 0.75}, {"target": "m@2", "weight": 1.0, "share": 0.25}],
+            "targets": [{"target": "m@1", "weight": 3.0, "share": 0.75},
+                        {"target": "m@2", "weight": 1.0, "share": 0.25}],
             "shadow": [], "canary": None,
         }]
         patched = client.patch("/admin/routes/r", json={"weights": {"m@1": 0, "m@3": 1}}, headers=AUTH).json()
