@@ -329,11 +329,16 @@ class DataPlane:
     def _retarget(self, request: InferRequest, call: RouteCall) -> InferRequest:
         """The request as its target gets it; copies go to the route's shadows."""
         _no_version(request.model_name, request.model_version)
-        self.router.shadow(call, lambda target: self._shadow_infer(request, target))
+        if call.route.shadows:
+            # Taken now, before the target runs: a model that writes into its inputs cannot touch the copies.
+            snapshot = dataclasses.replace(request, inputs={k: a.copy() for k, a in request.inputs.items()},
+                                           parameters=dict(request.parameters))
+            self.router.shadow(call, lambda target: self._shadow_infer(snapshot, target))
         return dataclasses.replace(request, model_name=call.target.model, model_version=call.target.version_str)
 
-    async def _shadow_infer(self, request: InferRequest, target: Target) -> None:
-        copy = dataclasses.replace(request, model_name=target.model, model_version=target.version_str)
+    async def _shadow_infer(self, snapshot: InferRequest, target: Target) -> None:
+        copy = dataclasses.replace(snapshot, model_name=target.model, model_version=target.version_str,
+                                   inputs={k: a.copy() for k, a in snapshot.inputs.items()})
         loaded = self.models.resolve(copy.model_name, copy.model_version)
         async for _ in loaded.stream(copy):
             pass

@@ -25,7 +25,7 @@ from kiln.dataplane.routing.route import Route, RouteTable
 from kiln.dataplane.routing.shadow import ShadowDispatcher
 from kiln.dataplane.routing.spec import RouteSpec, check_route_name
 from kiln.dataplane.routing.target import Target
-from kiln.dataplane.routing.validate import Catalog, check_routes, route_problems
+from kiln.dataplane.routing.validate import Catalog, check_routes, route_problems, target_problems
 from kiln.errors import ConfigError, InvalidRequestError, ModelNotFoundError
 from kiln.metrics.route_metrics import RouteMetrics
 
@@ -83,17 +83,17 @@ class Router:
         self.table.routes[name] = route
         if old is not None:
             gone = [t for t in old.weights() if t not in route.weights()]
-            self.metrics.forget(name, gone, old.canary.target if old.canary and not route.canary else None)
+            old_canary = old.canary.target if old.canary is not None else None
+            self.metrics.forget(name, gone, old_canary if old_canary != _canary_target(route) else None)
         self._publish(route, source)
         return route
 
     def patch(self, name: str, weights: dict[str, float]) -> Route:
         """New weights for some of a route's targets (admin API); stops its canary."""
         route = self.route(name)
-        catalog = self.catalog()
-        unknown = [t for t in weights if Target.parse(t).model not in catalog]
-        if unknown:
-            raise ConfigError(f"route '{name}': targets {unknown} name no served model")
+        problems = target_problems(name, list(weights), self.catalog())
+        if problems:
+            raise ConfigError("; ".join(problems))
         self._check_ready(name, {**route.weights(), **weights})
         route.set_weights(weights)
         self._publish(route, "admin")
@@ -173,6 +173,10 @@ class Router:
 
     async def close(self) -> None:
         await self.shadows.close()
+
+
+def _canary_target(route: Route) -> str | None:
+    return route.canary.target if route.canary is not None else None
 
 
 def _rounded(weights: Mapping[str, float]) -> dict[str, float]:

@@ -25,7 +25,13 @@ def route_problems(name: str, spec: RouteSpec, catalog: Catalog) -> list[str]:
     problems = []
     if name in catalog:
         problems.append(f"route '{name}' has the name of a model; a route needs a name of its own")
-    for text in [*spec.targets, *spec.shadow]:
+    return problems + target_problems(name, [*spec.targets, *spec.shadow], catalog)
+
+
+def target_problems(name: str, targets: Sequence[str], catalog: Catalog) -> list[str]:
+    """Targets of route `name` that name no served model, or a version it does not serve."""
+    problems = []
+    for text in targets:
         target = Target.parse(text)
         if target.model not in catalog:
             problems.append(f"route '{name}': target '{target}' names no served model")

@@ -66,7 +66,8 @@ def test_admin_refuses_bad_changes_with_the_reason(tmp_path):
             (client.put, "/admin/routes/x", {"targets": {"m@9": 1}}, 400, "not 9"),
             (client.put, "/admin/routes/x", {"targets": {"m@1": 1}, "extra": 1}, 400, "extra"),
             (client.patch, "/admin/routes/r", {"weights": {"m@1": 0}}, 400, "positive weight"),
-            (client.patch, "/admin/routes/r", {"weights": {"zzz": 1}}, 400, "name no served model"),
+            (client.patch, "/admin/routes/r", {"weights": {"zzz": 1}}, 400, "target 'zzz' names no served model"),
+            (client.patch, "/admin/routes/r", {"weights": {"m@9": 0}}, 400, "not 9"),
             (client.patch, "/admin/routes/nope", {"weights": {"m@1": 1}}, 404, "does not exist"),
         ]
         for method, path, body, status, message in cases:
