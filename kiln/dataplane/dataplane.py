@@ -112,7 +112,12 @@ class DataPlane:
         price = self.config.price_per_hour
         if price is None or self.config.price_scope == "server":
             return price
-        devices = len(self.device_metrics.read()) if self.device_metrics.read is not None else 0
+        devices = 0
+        if self.device_metrics.read is not None:
+            try:
+                devices = len(self.device_metrics.read())
+            except Exception as exc:  # noqa: BLE001 - a failing GPU query must not stop the server
+                log.warning("cannot count GPUs for --price-scope device (%s); pricing one device", exc)
         return price * max(1, devices)  # no GPU: the machine is the one device
 
     # ---- life cycle ----------------------------------------------------------

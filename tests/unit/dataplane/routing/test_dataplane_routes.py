@@ -239,3 +239,14 @@ def test_usage_and_cost_of_routed_traffic(tmp_path):
     assert 'kiln:cost_per_1k_requests_usd{model="m",version="1"}' in text
     assert 'kiln:route_cost_per_1k_requests_usd{route="r",target="m@2"}' in text
     assert "kiln:process_cpu_utilisation" in text
+
+
+def test_price_scope_device_prices_each_gpu_found(tmp_path):
+    plane = repository_plane(versioned_repository(tmp_path), price_per_hour=2.0, price_scope="device")
+    plane.device_metrics.read = lambda: ["gpu0", "gpu1", "gpu2"]
+    assert plane._server_price() == 6.0
+    plane.device_metrics.read = None  # no GPU: the machine is one device
+    assert plane._server_price() == 2.0
+    server = repository_plane(versioned_repository(tmp_path / "s"), price_per_hour=2.0)
+    server.device_metrics.read = lambda: ["gpu0", "gpu1"]
+    assert server._server_price() == 2.0
