@@ -1,4 +1,5 @@
-"""Memory an LLM engine reports it holds, by kind (weights, KV pool).
+"""Memory an LLM engine reports it holds, by kind (weights with their packed
+copies, KV pool).
 
 Read from what the engine reports once it is ready; a kind it does not
 report (0) is left out. Activation memory is not reported: the engine runs

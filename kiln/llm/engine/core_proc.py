@@ -171,21 +171,23 @@ def ready_message(core, checkpoint) -> Ready:
         block_size=core.config.cache.block_size,
         pid=os.getpid(),
         worker_pids=list(getattr(core.runner, "worker_pids", [])),
-        weights_bytes=_tensor_bytes(_model_tensors(core.runner)),
-        kv_cache_bytes=_tensor_bytes(getattr(core.runner, "kv_caches", None) or []),
+        **_memory(core.runner),
     )
 
 
-def _model_tensors(runner) -> list:
-    """Parameters and buffers of a single-process runner's model (none for a parallel runner)."""
-    model = getattr(runner, "model", None)
-    if model is None or not hasattr(model, "parameters"):
-        return []
-    return [*model.parameters(), *model.buffers()]
-
-
-def _tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+def _memory(runner) -> dict[str, int]:
+    """Bytes of the model's weights (parameters, buffers, and the packed copies
+    kept for prefill) and of the KV pool, for a single-process runner; nothing
+    for a parallel one (its ranks hold shards)."""
+    model, caches = getattr(runner, "model", None), getattr(runner, "kv_caches", None)
+    if model is None or caches is None:
+        return {}
+    packed = [p for m in model.modules() if (p := getattr(m, "packed", None)) is not None]
+    weights = [*model.parameters(), *model.buffers(), *packed]
+    return {
+        "weights_bytes": sum(t.numel() * t.element_size() for t in weights),
+        "kv_cache_bytes": sum(t.numel() * t.element_size() for t in caches),
+    }
 
 
 # ---- the process -------------------------------------------------------------
