@@ -49,6 +49,10 @@ class UsageObserver:
     def on_failed(self, times: RequestTimes, reason: str) -> None:
         self.metrics.on_failed(times, reason)
 
+    def __getattr__(self, name: str):
+        # Any other observer event goes to the metrics unchanged.
+        return getattr(self.metrics, name)
+
 
 def llm_reading(totals: UsageTotals) -> UsageReading:
     return UsageReading(totals.busy_s, totals.requests, totals.output_tokens, llm=True)

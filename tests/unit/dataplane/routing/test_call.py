@@ -126,3 +126,28 @@ def test_finish_counts_once():
     assert call.outcome == CLIENT_ERROR
     assert sample(metrics, metrics.requests, "_total") == 1 and sample(metrics, metrics.errors, "_total") == 0
     assert call.route.canary is None
+
+
+def test_usage_observer_adds_up_engine_use_and_forwards_every_event():
+    from types import SimpleNamespace
+
+    from kiln.dataplane.usage import UsageObserver
+    from kiln.metrics.cost import UsageTotals
+
+    events = []
+
+    class Metrics:
+        def __getattr__(self, name):
+            return lambda *args: events.append(name)
+
+    totals = UsageTotals()
+    observer = UsageObserver(Metrics(), totals)
+    step = SimpleNamespace(outputs=SimpleNamespace(stats=SimpleNamespace(step_seconds=0.25)))
+    observer.on_step(step)
+    observer.on_step(SimpleNamespace(outputs=SimpleNamespace(stats=None)))
+    observer.on_tokens(None, 3, 1.0)
+    observer.on_finished(None, "stop")
+    observer.on_failed(None, "abort")
+    observer.on_rejected()  # not an engine event: forwarded as it is
+    assert totals == UsageTotals(busy_s=0.25, requests=1, output_tokens=3)
+    assert events == ["on_step", "on_step", "on_tokens", "on_finished", "on_failed", "on_rejected"]
