@@ -269,6 +269,7 @@ def flat_options(config: EngineConfig) -> dict[str, Any]:
 
 
 ENGINE_MODES = ("process", "thread")
+PRICE_SCOPES = ("server", "device")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -293,6 +294,16 @@ class ServerConfig:
     max_tokens_limit: int | None = option(None, "largest max_tokens a request may ask (default: the context)")
     shutdown_timeout: int = option(30, "seconds in-flight requests get to finish on SIGTERM")
     log_level: str = option("info", "log level", LOG_LEVELS)
+    routes_file: str | None = option(
+        None, "routes (public names that split traffic among models; default: routes.yaml in the repository)"
+    )
+    price_per_hour: float | None = option(
+        None, "price in USD per hour (of the server, or of each device: --price-scope); enables the cost gauges"
+    )
+    price_scope: str = option(
+        "server", "what --price-per-hour prices: the whole server, or each GPU (times the GPUs found)", PRICE_SCOPES
+    )
+    cost_window_s: float = option(300.0, "sliding window of the cost, busy and CPU-utilisation gauges, seconds")
 
     def __post_init__(self) -> None:
         if self.grpc_port is not None and not -1 <= self.grpc_port <= 65535:
@@ -314,6 +325,14 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be positive", param=name)
         if self.shutdown_timeout < 0:
             raise ConfigError("shutdown_timeout must be non-negative", param="shutdown_timeout")
+        if self.price_per_hour is not None and not 0 <= self.price_per_hour < float("inf"):
+            raise ConfigError(
+                f"price_per_hour must be a non-negative number, got {self.price_per_hour}", param="price_per_hour"
+            )
+        if self.price_scope not in PRICE_SCOPES:
+            raise ConfigError(f"price_scope must be one of {PRICE_SCOPES}", param="price_scope")
+        if not 1 <= self.cost_window_s <= 86400:
+            raise ConfigError(f"cost_window_s must be in [1, 86400], got {self.cost_window_s}", param="cost_window_s")
 
     @property
     def grpc_port_resolved(self) -> int:

@@ -16,6 +16,7 @@ import os
 import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, ServerConfig, SpecConfig, field_help
@@ -107,13 +108,19 @@ def run_serve(args: argparse.Namespace, engine_names: list[str], server_names: l
 
 
 def run_validate(repository: str) -> int:
+    from kiln.dataplane.routing.spec import ROUTES_FILE
+    from kiln.dataplane.routing.validate import validate_routes_file
     from kiln.serving.repository.validate import validate_repository
 
     problems = validate_repository(repository)
+    if not any("is not a directory" in p for p in problems):
+        problems += validate_routes_file(repository)
     for line in problems:
         print(line)
     if not problems:
         print(f"{repository}: all models valid")
+        if (Path(repository) / ROUTES_FILE).is_file():
+            print(f"{repository}: {ROUTES_FILE} valid")
     return 1 if problems else 0
 
 

@@ -12,8 +12,10 @@ import logging
 import time
 
 from kiln.config import EngineConfig
+from kiln.dataplane.usage import UsageObserver
 from kiln.errors import EngineDeadError, KilnError, ModelLoadingError, ModelUnavailableError, OverloadedError
 from kiln.llm.engine.async_llm import AsyncLLM
+from kiln.metrics.cost import UsageTotals
 from kiln.metrics.server_metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class ServedLLM:
         self.load_error: str | None = None
         self.draining = False
         self.metrics = metrics
+        self.usage = UsageTotals()  # this engine's busy time, requests and tokens (cost gauges)
 
     @property
     def state(self) -> str:
@@ -52,7 +55,8 @@ class ServedLLM:
 
     async def load(self) -> None:
         try:
-            self.engine = await AsyncLLM.start(self.config, self.engine_mode, observer=self.metrics)
+            observer = UsageObserver(self.metrics, self.usage)
+            self.engine = await AsyncLLM.start(self.config, self.engine_mode, observer=observer)
         except Exception as e:
             self.load_error = e.message if isinstance(e, KilnError) else f"{type(e).__name__}: {e}"
             log.error("model %s failed to load: %s", self.name, self.load_error)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI
 
 from kiln.dataplane.dataplane import DataPlane
+from kiln.frontends.admin import admin_router
 from kiln.frontends.auth import ApiKeyMiddleware
 from kiln.frontends.errors import install_error_handlers
 from kiln.frontends.kserve.grpc.servicer import start_grpc_server
@@ -49,6 +50,7 @@ def build_app(dataplane: DataPlane, on_fatal: Callable[[str], None] | None = Non
     if dataplane.config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=dataplane.config.api_key)
     app.include_router(ops_router(dataplane))
+    app.include_router(admin_router(dataplane))
     app.include_router(openai_router(dataplane))
     app.include_router(kserve_router(dataplane))
     return app

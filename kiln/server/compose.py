@@ -21,4 +21,5 @@ def build_dataplane(server: ServerConfig, llm: EngineConfig | None) -> DataPlane
     dataplane = DataPlane(server)
     if llm is not None:
         dataplane.add_llm(llm, server.served_model_name or default_model_name(llm))
+    dataplane.load_routes()  # after every model is known: routes are checked against them
     return dataplane

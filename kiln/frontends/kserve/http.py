@@ -18,8 +18,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from kiln.dataplane.dataplane import DataPlane
+from kiln.dataplane.routed import TARGET_PARAMETER
 from kiln.errors import InvalidRequestError, KilnError
 from kiln.frontends.kserve import documents
+from kiln.frontends.routing import TARGET_HEADER, route_key
 from kiln.serving.codecs.kserve_http import decode_json, encode_infer_response, parse_infer_request
 from kiln.serving.codecs.limits import Limits
 
@@ -182,12 +184,15 @@ def kserve_router(dataplane: DataPlane) -> APIRouter:
         if header is not None and not header.isdigit():
             raise InvalidRequestError(f"invalid {HEADER_LENGTH} header {header!r}")
         infer_request = parse_infer_request(body, int(header) if header else None, name, _version(version), limits)
-        response = await _cancel_on_disconnect(request, dataplane.infer(infer_request))
+        key = route_key(request.headers)
+        response = await _cancel_on_disconnect(request, dataplane.infer(infer_request, route_key=key))
         payload, header_length = encode_infer_response(response, infer_request)
+        target = response.parameters.get(TARGET_PARAMETER)
+        headers = {TARGET_HEADER: str(target)} if target is not None else {}
         if header_length is None:
-            return Response(payload, media_type="application/json")
+            return Response(payload, media_type="application/json", headers=headers)
         return Response(payload, media_type="application/octet-stream",
-                        headers={HEADER_LENGTH: str(header_length)})
+                        headers={HEADER_LENGTH: str(header_length), **headers})
 
     @router.post("/v2/repository/index")
     @_guard

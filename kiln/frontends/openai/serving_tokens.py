@@ -43,4 +43,6 @@ def list_models(dataplane: DataPlane, created: int) -> dict:
             card["root"] = served.engine.info.source
             card["max_model_len"] = served.engine.max_model_len
         data.append(card)
+    for name in dataplane.llm_route_names():  # a route is a model name to clients
+        data.append({"id": name, "object": "model", "created": created, "owned_by": "kiln", "kiln_route": True})
     return {"object": "list", "data": data}

@@ -66,6 +66,9 @@ class Ready(msgspec.Struct, tag="ready"):
     block_size: int
     pid: int
     worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
+    # Memory this process holds (0: not known, e.g. with tensor/pipeline parallelism).
+    weights_bytes: int = 0
+    kv_cache_bytes: int = 0
 
 
 class StepResult(msgspec.Struct, tag="step"):
@@ -168,7 +171,23 @@ def ready_message(core, checkpoint) -> Ready:
         block_size=core.config.cache.block_size,
         pid=os.getpid(),
         worker_pids=list(getattr(core.runner, "worker_pids", [])),
+        **_memory(core.runner),
     )
+
+
+def _memory(runner) -> dict[str, int]:
+    """Bytes of the model's weights (parameters, buffers, and the packed copies
+    kept for prefill) and of the KV pool, for a single-process runner; nothing
+    for a parallel one (its ranks hold shards)."""
+    model, caches = getattr(runner, "model", None), getattr(runner, "kv_caches", None)
+    if model is None or caches is None:
+        return {}
+    packed = [p for m in model.modules() if (p := getattr(m, "packed", None)) is not None]
+    weights = [*model.parameters(), *model.buffers(), *packed]
+    return {
+        "weights_bytes": sum(t.numel() * t.element_size() for t in weights),
+        "kv_cache_bytes": sum(t.numel() * t.element_size() for t in caches),
+    }
 
 
 # ---- the process -------------------------------------------------------------

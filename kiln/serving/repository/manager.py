@@ -146,6 +146,16 @@ class ModelManager:
         except KilnError:
             return None
 
+    def served_versions(self, name: str) -> list[int] | None:
+        """The versions of `name` loaded now, else those its config would load; None if unknown or unreadable."""
+        entry = self._entries.get(name)
+        if entry is not None and entry.versions:
+            return sorted(entry.versions)
+        try:
+            return sorted(self._read(name).versions)
+        except KilnError:
+            return None
+
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = []
         for name in self.names():

@@ -16,10 +16,12 @@ import grpc
 from google.protobuf import json_format
 
 from kiln.dataplane.dataplane import DataPlane
+from kiln.dataplane.routed import TARGET_PARAMETER
 from kiln.errors import InvalidRequestError, KilnError
 from kiln.frontends.kserve import documents
 from kiln.frontends.kserve.grpc.codec import decode_request, encode_response, param_value
 from kiln.frontends.kserve.grpc.stubs import load_stubs
+from kiln.frontends.routing import TARGET_HEADER, route_key
 
 log = logging.getLogger("kiln.kserve.grpc")
 
@@ -70,20 +72,22 @@ def make_servicer(dataplane: DataPlane):
 
         @_guard
         async def ModelInfer(self, request, context):
-            return await self._infer(request)
-
-        async def _infer(self, request):
-            response = await dataplane.infer(decode_request(request, dataplane.limits))
+            key = _route_key(context)
+            response = await dataplane.infer(decode_request(request, dataplane.limits), route_key=key)
+            target = response.parameters.get(TARGET_PARAMETER)
+            if target is not None:
+                context.set_trailing_metadata(((TARGET_HEADER, str(target)),))
             return encode_response(pb2, response)
 
         async def ModelStreamInfer(self, request_iterator, context):
             results: asyncio.Queue = asyncio.Queue()
             pending: set[asyncio.Task] = set()
+            key = _route_key(context)
 
             async def one(request):
                 try:
                     decoded = decode_request(request, dataplane.limits)
-                    async for response in dataplane.stream_infer(decoded):
+                    async for response in dataplane.stream_infer(decoded, route_key=key):
                         await results.put(pb2.ModelStreamInferResponse(infer_response=encode_response(pb2, response)))
                 except KilnError as exc:
                     await results.put(pb2.ModelStreamInferResponse(error_message=exc.message))
@@ -138,6 +142,11 @@ def make_servicer(dataplane: DataPlane):
             return pb2.RepositoryModelUnloadResponse()
 
     return Servicer()
+
+
+def _route_key(context) -> str | None:
+    metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+    return route_key(metadata)
 
 
 def _repo_params(request) -> dict:
