@@ -31,8 +31,8 @@ from workload import corpus_text  # noqa: E402
 from kiln import LLM, SamplingParams  # noqa: E402
 from kiln.config import EngineConfig  # noqa: E402
 from kiln.llm.engine.llm_engine import LLMEngine  # noqa: E402
-from kiln.llm.models.checkpoint import load_checkpoint  # noqa: E402
 from kiln.llm.models.default_model import default_model_path  # noqa: E402
+from kiln.llm.models.loader import load_checkpoint  # noqa: E402
 
 # mode -> engine options. int8/int4 run their kernels in bfloat16 either way
 # (kiln/llm/quant/base.py); the model dtype only sets the activations between

@@ -21,8 +21,8 @@ from workload import corpus_text  # noqa: E402
 
 from kiln.config import EngineConfig  # noqa: E402
 from kiln.llm.engine.builder import build_model  # noqa: E402
-from kiln.llm.models.checkpoint import load_checkpoint  # noqa: E402
 from kiln.llm.models.default_model import default_model_path  # noqa: E402
+from kiln.llm.models.loader import load_checkpoint  # noqa: E402
 from kiln.llm.quant.perplexity import perplexity  # noqa: E402
 from kiln.llm.tokenizer import load_tokenizer  # noqa: E402
 

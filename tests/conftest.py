@@ -38,7 +38,7 @@ def smollm2_tokenizer(smollm2_path):
 @pytest.fixture(scope="session")
 def smollm2_checkpoint(smollm2_path):
     """kiln Checkpoint of SmolLM2 (float32 weights, HF names). Do not mutate."""
-    from kiln.llm.models.checkpoint import load_checkpoint
+    from kiln.llm.models.loader import load_checkpoint
 
     return load_checkpoint(smollm2_path)
 

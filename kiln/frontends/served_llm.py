@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def default_model_name(config: EngineConfig) -> str:
     """The model file's or directory's name, without a .gguf suffix."""
-    from kiln.llm.engine.builder import resolve_model_path
+    from kiln.llm.models.default_model import resolve_model_path
 
     path = Path(resolve_model_path(config))
     return path.stem if path.suffix == ".gguf" else path.name

@@ -13,6 +13,7 @@ from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from kiln.errors import InvalidRequestError, ModelLoadError
+from kiln.llm.models.gguf_loader import open_gguf
 
 
 class Tokenizer:
@@ -91,7 +92,5 @@ def _load_cached(path: Path, mtime_ns: int) -> Tokenizer:
 
 def _gguf_chat_template(path: Path) -> str | None:
     """Fallback for transformers versions that drop `tokenizer.chat_template`."""
-    from kiln.llm.models.gguf_loader import open_gguf
-
     field = open_gguf(path).get_field("tokenizer.chat_template")
     return None if field is None else str(field.contents())

@@ -33,6 +33,7 @@ from kiln.llm.engine.core_proc import Ready, StepResult
 from kiln.llm.engine.input_processor import InputProcessor, Prompt
 from kiln.llm.engine.messages import EngineStats
 from kiln.llm.engine.output_processor import OutputProcessor
+from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
 from kiln.llm.tokenizer import Tokenizer, load_tokenizer
@@ -257,8 +258,6 @@ class AsyncLLM:
 
 def _tokenizer_path_guess(config: EngineConfig) -> str | None:
     """The tokenizer to load while the engine loads its weights, if obvious."""
-    from kiln.llm.engine.builder import resolve_model_path
-
     try:
         path = Path(resolve_model_path(config))
     except Exception:

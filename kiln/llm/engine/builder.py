@@ -12,10 +12,14 @@ from kiln.errors import ConfigError
 from kiln.llm.engine.core import EngineCore
 from kiln.llm.kernels.ops import pack_linear_weight
 from kiln.llm.layers.linear import pack_for_prefill
-from kiln.llm.models import fused_decode
-from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
-from kiln.llm.models.default_model import default_model_path
+from kiln.llm.models.checkpoint import Checkpoint
+from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.llama import LlamaModel
+from kiln.llm.models.loader import load_checkpoint
+from kiln.llm.parallel.executor import ParallelRunner
+from kiln.llm.parallel.layout import check_splittable
+from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
+from kiln.llm.parallel.weights import DictReader, open_weights
 from kiln.llm.quant import quantize_model
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
@@ -23,10 +27,6 @@ from kiln.llm.spec_decode.ngram import NgramProposer
 from kiln.llm.spec_decode.proposer import Proposer
 
 log = logging.getLogger(__name__)
-
-
-def resolve_model_path(config: EngineConfig) -> str:
-    return str(config.model.model or default_model_path())
 
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
@@ -47,7 +47,7 @@ def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) 
     pack_for_prefill(model)
     if model.logits_head is None:
         model.lm_head_packed = pack_linear_weight(model.lm_head)
-    model.fused_layers = fused_decode.prepare(model)
+    model.fused_layers = model.gather_fused_layers()
     return model
 
 
@@ -100,11 +100,6 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
 
     Without a preloaded checkpoint the driver, like every worker, reads only
     its own slices (lazily); the Checkpoint it returns carries no weights."""
-    from kiln.llm.parallel.executor import ParallelRunner
-    from kiln.llm.parallel.layout import check_splittable
-    from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
-    from kiln.llm.parallel.weights import DictReader, open_weights
-
     started = time.perf_counter()
     p = config.parallel
     if config.model.device.startswith("cuda") and not torch.cuda.is_available():

@@ -189,6 +189,8 @@ class ThreadEngineClient(EngineCoreClient):
         self._thread: threading.Thread | None = None
 
     def start(self, on_result: OnResult, on_dead: OnDead) -> Ready:
+        # Only the in-process mode builds a model here: the API process of the
+        # process mode never imports the model code and kernels.
         from kiln.llm.engine.builder import build_engine_core
 
         self._on_dead = on_dead

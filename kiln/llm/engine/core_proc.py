@@ -25,7 +25,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -34,6 +33,7 @@ import msgspec
 
 from kiln.config import EngineConfig
 from kiln.llm.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from kiln.llm.parent_watch import watch_parent
 
 log = logging.getLogger(__name__)
 
@@ -172,17 +172,6 @@ def ready_message(core, checkpoint) -> Ready:
 
 
 # ---- the process -------------------------------------------------------------
-
-
-def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
-    """Exit this process as soon as `parent_pid` is no longer our parent."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(interval_s)
-        os._exit(1)  # the parent is gone: no one can read our outputs
-
-    threading.Thread(target=watch, name="kiln-parent-watch", daemon=True).start()
 
 
 def pick_torch_threads() -> int:

@@ -110,10 +110,34 @@ class LlamaModel(nn.Module):
         x = F.embedding(input_ids, self.embed_tokens)
         rope = self.rotary.tables(positions)
         if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0]):
-            return self.norm(fused_decode.run(self, x, rope, kv_caches, meta))
+            return self.norm(fused_decode.run(self.fused_layers, self.arch, x, rope, kv_caches, meta))
         for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
             x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
+
+    def gather_fused_layers(self) -> list[fused_decode.FusedLayer] | None:
+        """Each layer's tensors for kiln::decode_layer, or None where it does not
+        apply (see fused_decode). Call on the finished model: the lists alias
+        the current weights."""
+        if not fused_decode.supported(self.arch, self.embed_tokens):
+            return None
+        layers = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            plain = (
+                type(layer) is LlamaLayer and type(attn) is LlamaAttention and type(mlp) is LlamaMLP
+                and type(attn.backend) is TorchPagedAttention
+            )
+            if not plain:
+                return None
+            fused = fused_decode.fused_layer(
+                attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj,
+                layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+            )
+            if fused is None:
+                return None
+            layers.append(fused)
+        return layers
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.logits_head is not None:

@@ -30,6 +30,7 @@ from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, KilnError, ModelLoadError
 from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.models.arch import LlamaArch
+from kiln.llm.parallel.model import gather_weight_bytes
 from kiln.llm.parallel.plan import (
     Heartbeat,
     PlanChunk,
@@ -38,7 +39,6 @@ from kiln.llm.parallel.plan import (
     Stop,
     WorkerInit,
     broadcast_plan,
-    gather_weight_bytes,
     split_micro_batches,
 )
 from kiln.llm.parallel.shard_builder import build_stage

@@ -9,6 +9,7 @@ and the previous stage's hidden states elsewhere.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from kiln.llm.attention.backend import TorchPagedAttention
@@ -115,3 +116,11 @@ def resident_weight_bytes(module: nn.Module) -> int:
         storage = t.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def gather_weight_bytes(module: nn.Module) -> list[int]:
+    """All ranks call this together; every rank gets every rank's resident weight bytes."""
+    mine = torch.tensor([resident_weight_bytes(module)], dtype=torch.int64)
+    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return [int(t.item()) for t in everyone]

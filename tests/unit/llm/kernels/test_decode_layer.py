@@ -35,7 +35,7 @@ def model_in(mode: str) -> LlamaModel:
         p.data.fill_(1.0) if "layernorm" in name or name == "norm.weight" else p.data.normal_(0, 0.05)
     quantize_model(model, {"fp32": None, "int8": "int8", "int4": "int4"}[mode], group_size=32)
     pack_for_prefill(model)
-    model.fused_layers = fused_decode.prepare(model)
+    model.fused_layers = model.gather_fused_layers()
     return model
 
 
@@ -88,9 +88,9 @@ def test_applies_only_to_small_decode_only_steps():
 
 def test_models_it_cannot_serve_keep_the_module_path():
     model = model_in("fp32")
-    assert fused_decode.prepare(model.to(torch.bfloat16)) is None  # not fp32
+    assert model.to(torch.bfloat16).gather_fused_layers() is None  # not fp32
     model = model_in("fp32")
     model.layers[1].mlp.down_proj = torch.nn.Identity()  # an unknown projection type
-    assert fused_decode.prepare(model) is None
+    assert model.gather_fused_layers() is None
     odd_heads = LlamaModel(dataclasses.replace(ARCH, head_dim=24, hidden_size=192), max_positions=64)
-    assert fused_decode.prepare(odd_heads) is None  # head_dim the paged kernel does not take
+    assert odd_heads.gather_fused_layers() is None  # head_dim the paged kernel does not take

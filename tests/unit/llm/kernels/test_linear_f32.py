@@ -120,7 +120,7 @@ def test_finished_model_takes_many_logit_rows_through_the_packed_lm_head(tiny_ll
     from kiln.config import EngineConfig
     from kiln.llm.engine.builder import build_model
     from kiln.llm.layers import linear as linear_mod
-    from kiln.llm.models.checkpoint import load_checkpoint
+    from kiln.llm.models.loader import load_checkpoint
 
     model = build_model(load_checkpoint(tiny_llama3_dir), EngineConfig.from_flat(model=str(tiny_llama3_dir)), 512)
     if ops.pack_linear_weight(model.lm_head) is None:
