@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -57,7 +57,7 @@ class RequestTimes:
 class EngineObserver(Protocol):
     """Receives engine events (the metrics layer implements this)."""
 
-    def on_step(self, result: StepResult) -> None: ...
+    def on_step(self, stats: EngineStats | None, queue_times: Iterable[float]) -> None: ...
     def on_tokens(self, times: RequestTimes, num_new: int, now: float) -> None: ...
     def on_finished(self, times: RequestTimes, finish_reason: str) -> None: ...
     def on_failed(self, times: RequestTimes, reason: str) -> None: ...
@@ -206,7 +206,7 @@ class AsyncLLM:
         if result.outputs.stats is not None:
             self.latest_stats = result.outputs.stats
         if self.observer:
-            self.observer.on_step(result)
+            self.observer.on_step(result.outputs.stats, result.queue_times.values())
         try:
             outputs, to_abort = self.outputs.process(result.outputs.outputs)
         except Exception as e:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 
 from kiln.config import EngineConfig
-from kiln.llm.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineStats, TokenLogprob
+from kiln.llm.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineStats
 from kiln.llm.kv_cache.manager import KVCacheManager
+from kiln.llm.outputs import TokenLogprob
 from kiln.llm.request import Request
 from kiln.llm.runner.model_runner import ModelRunner
 from kiln.llm.scheduler.output import RunnerOutput

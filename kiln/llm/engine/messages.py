@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
+from kiln.llm.outputs import TokenLogprob
 from kiln.llm.sampling_params import SamplingParams
 
 
@@ -17,12 +18,6 @@ class EngineCoreRequest(msgspec.Struct, frozen=True):
     eos_token_ids: tuple[int, ...] = ()
     priority: int = 0
     arrival_time: float = 0.0
-
-
-class TokenLogprob(msgspec.Struct, frozen=True):
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = []
 
 
 class EngineCoreOutput(msgspec.Struct):

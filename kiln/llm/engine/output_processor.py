@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.llm.detokenizer import IncrementalDetokenizer
-from kiln.llm.engine.messages import EngineCoreOutput, TokenLogprob
-from kiln.llm.outputs import CompletionOutput, RequestOutput
+from kiln.llm.engine.messages import EngineCoreOutput
+from kiln.llm.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from kiln.llm.sampling_params import SamplingParams
 from kiln.llm.tokenizer import Tokenizer
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from kiln.llm.request import Request
+from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.penalties import apply_penalties, apply_top_k_top_p_min_p
-from kiln.llm.scheduler.output import SampledToken
 
 
 class Sampler:

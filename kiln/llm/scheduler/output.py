@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.llm.request import Request
+from kiln.llm.sampling.output import SampledToken
 
 
 @dataclass
@@ -52,13 +53,6 @@ class SchedulerOutput:
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
-
-
-@dataclass
-class SampledToken:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
 
 
 @dataclass

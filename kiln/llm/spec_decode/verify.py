@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from kiln.llm.request import Request
+from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.sampler import Sampler, needs_processing
-from kiln.llm.scheduler.output import SampledToken, ScheduledChunk
+from kiln.llm.scheduler.output import ScheduledChunk
 from kiln.llm.spec_decode.proposer import Proposer
 from kiln.llm.spec_decode.rejection import greedy_accept, rejection_sample
 
