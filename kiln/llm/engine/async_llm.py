@@ -29,9 +29,8 @@ from typing import Protocol
 from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, InvalidRequestError, KilnError
 from kiln.llm.engine.core_client import EngineCoreClient, ProcessEngineClient, ThreadEngineClient
-from kiln.llm.engine.core_proc import Ready, StepResult
 from kiln.llm.engine.input_processor import InputProcessor, Prompt
-from kiln.llm.engine.messages import EngineStats
+from kiln.llm.engine.messages import EngineStats, Ready, StepResult
 from kiln.llm.engine.output_processor import OutputProcessor
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.outputs import RequestOutput

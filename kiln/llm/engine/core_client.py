@@ -22,10 +22,11 @@ from multiprocessing.connection import Connection
 
 from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, KilnError
-from kiln.llm.engine.core_proc import (
+from kiln.llm.engine.loop import EngineLoop, ready_message
+from kiln.llm.engine.messages import (
     Abort,
     AddRequest,
-    EngineLoop,
+    EngineCoreRequest,
     Failed,
     FromEngine,
     Ready,
@@ -34,9 +35,7 @@ from kiln.llm.engine.core_proc import (
     ToEngine,
     encoder,
     from_engine_decoder,
-    ready_message,
 )
-from kiln.llm.engine.messages import EngineCoreRequest
 
 log = logging.getLogger(__name__)
 

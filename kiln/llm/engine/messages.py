@@ -1,7 +1,14 @@
-"""Typed messages between the API side and the engine core.
+"""Every typed message between the API side and the engine core.
+
+    API process                               engine process
+    ───────────                               ──────────────
+    core_client ── AddRequest / Abort / ──►   EngineLoop: drain inbox,
+                   Shutdown                   core.step(), send StepResult
+                ◄── Ready / StepResult / ──
+                    Failed
 
 msgspec structs, so the same types cross a process boundary as msgpack
-bytes (never pickle) or stay in-process as plain objects.
+bytes (never pickle) or stay in-process as plain objects (the thread mode).
 """
 from __future__ import annotations
 
@@ -52,3 +59,49 @@ class EngineStats(msgspec.Struct):
 class EngineCoreOutputs(msgspec.Struct):
     outputs: list[EngineCoreOutput] = []
     stats: EngineStats | None = None
+
+
+# ---- the protocol: what crosses the pipe -------------------------------------
+
+
+class AddRequest(msgspec.Struct, tag="add"):
+    request: EngineCoreRequest
+
+
+class Abort(msgspec.Struct, tag="abort"):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    pass
+
+
+class Ready(msgspec.Struct, tag="ready"):
+    """The engine has loaded its model; what the API side needs to know of it."""
+
+    max_model_len: int
+    vocab_size: int
+    tokenizer_path: str
+    source: str
+    num_blocks: int
+    block_size: int
+    pid: int
+    worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
+
+
+class StepResult(msgspec.Struct, tag="step"):
+    outputs: EngineCoreOutputs
+    # Requests first scheduled in this step -> seconds they waited since arrival.
+    queue_times: dict[str, float] = {}
+
+
+class Failed(msgspec.Struct, tag="failed"):
+    message: str
+
+
+ToEngine = AddRequest | Abort | Shutdown
+FromEngine = Ready | StepResult | Failed
+
+to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
+from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)
+encoder = msgspec.msgpack.Encoder()
