@@ -106,5 +106,5 @@ def ready_message(core: EngineCore, checkpoint: Checkpoint) -> Ready:
         num_blocks=core.kv.pool.num_blocks,
         block_size=core.config.cache.block_size,
         pid=os.getpid(),
-        worker_pids=list(getattr(core.runner, "worker_pids", [])),
+        worker_pids=core.runner.worker_pids,
     )
