@@ -128,15 +128,8 @@ def make_smollm2_engine(smollm2_checkpoint):
     """Factory: a fresh kiln.LLM on SmolLM2 with the given engine options,
     sharing the already-loaded checkpoint (and the cached tokenizer)."""
     from kiln import LLM
-    from kiln.config import EngineConfig
-    from kiln.llm.engine.llm_engine import LLMEngine
 
     def make(**options):
-        llm = LLM.__new__(LLM)
-        llm.config = EngineConfig.from_flat(model=smollm2_checkpoint.source, **options)
-        llm.engine = LLMEngine(llm.config, smollm2_checkpoint)
-        llm.tokenizer = llm.engine.tokenizer
-        llm._counter = 0
-        return llm
+        return LLM(checkpoint=smollm2_checkpoint, **options)
 
     return make

@@ -10,8 +10,6 @@ import torch
 from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.engine.core import EngineCore
-from kiln.llm.kernels.ops import pack_linear_weight
-from kiln.llm.layers.linear import pack_for_prefill
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.llama import LlamaModel
@@ -20,7 +18,6 @@ from kiln.llm.parallel.executor import ParallelRunner
 from kiln.llm.parallel.layout import check_splittable
 from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
 from kiln.llm.parallel.weights import DictReader, open_weights
-from kiln.llm.quant import quantize_model
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
 from kiln.llm.spec_decode.ngram import NgramProposer
@@ -30,25 +27,18 @@ log = logging.getLogger(__name__)
 
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
+    model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
+    model.load_weights(checkpoint.weights, checkpoint.source)
+    return finish_model(model, config)
+
+
+def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
+    """A loaded float32 model, finished as the config asks (LlamaModel.finish)."""
     device = torch.device(config.model.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' requested but CUDA is not available", param="device")
-    model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
-    model.load_weights(checkpoint.weights, checkpoint.source)
-    return finish_model(model, config, device)
-
-
-def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) -> LlamaModel:
-    """Loaded float32 model -> device, quantized (if asked), compute dtype,
-    fp32 CPU projections packed for prefill, fused decode layers gathered."""
-    model = model.to(device=device)
-    quantize_model(model, config.model.quantization, config.model.quant_group_size)
-    model = model.to(dtype=DTYPES[config.model.dtype]).eval()
-    pack_for_prefill(model)
-    if model.logits_head is None:
-        model.lm_head_packed = pack_linear_weight(model.lm_head)
-    model.fused_layers = model.gather_fused_layers()
-    return model
+    m = config.model
+    return model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size)
 
 
 def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:
@@ -88,7 +78,7 @@ def build_proposer(
         draft = build_model(draft_checkpoint, config, max_model_len)
     else:
         draft = truncated_model(checkpoint, spec.draft_num_layers, max_model_len)
-        draft = finish_model(draft, config, runner.device)
+        draft = finish_model(draft, config)
     # The draft pool mirrors the target's block count: whatever fits one fits the other.
     return DraftModelProposer(
         draft, num_blocks, config.cache.block_size, runner.device, runner.sampler, kv_dtype(config)

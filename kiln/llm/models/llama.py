@@ -14,11 +14,13 @@ from kiln.errors import ModelLoadError
 from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
 from kiln.llm.kernels import ops
-from kiln.llm.layers.linear import Linear, project
+from kiln.llm.kernels.ops import pack_linear_weight
+from kiln.llm.layers.linear import Linear, pack_for_prefill, project
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch
+from kiln.llm.quant.apply import HEAD_METHOD, quantize_linears, quantize_weight
 
 
 def _weight(*shape: int) -> nn.Parameter:
@@ -97,13 +99,54 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(arch, backend) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = self.embed_tokens if arch.tie_word_embeddings else _weight(arch.vocab_size, arch.hidden_size)
-        # Set by weight-only quantization: a quantized copy of lm_head used for logits.
+        # Set by `finish` (and `quantize_head`), never from outside:
+        # a quantized copy of lm_head that computes the logits instead of it,
         self.logits_head: nn.Module | None = None
-        # Set once the model is finished (engine builder): lm_head's oneDNN copy
-        # for steps with many sampled rows (a 64-row decode: 35 vs 50 ms).
+        # lm_head's oneDNN copy for steps with many sampled rows,
         self.lm_head_packed: torch.Tensor | None = None
-        # Set once the model is finished (engine builder): decode-only steps in one kernel call per layer.
+        # each layer's tensors for decode-only steps in one kernel call per layer.
         self.fused_layers: list[fused_decode.FusedLayer] | None = None
+
+    def finish(
+        self, device: torch.device, dtype: torch.dtype, quantization: str | None = None, group_size: int = 32,
+        head_quantization: str | None = HEAD_METHOD,
+    ) -> LlamaModel:
+        """Make the loaded float32 model ready to serve, in place (returns self):
+        moved to `device`; its Linears quantized with `quantization` and the LM
+        head given a `head_quantization` copy (None: none, or a float head);
+        cast to `dtype`; fp32 CPU projections packed for prefill; decode
+        layers fused. Quantization precedes the cast, so codes come from the
+        float32 weights."""
+        self.to(device=device)
+        if quantization is not None:
+            quantize_linears(self, quantization, group_size)
+            if head_quantization is not None:
+                self.quantize_head(head_quantization, group_size)
+        self.to(dtype=dtype).eval()
+        pack_for_prefill(self)
+        if self.logits_head is None:
+            self.lm_head_packed = pack_linear_weight(self.lm_head)
+        self.fused_layers = self.gather_fused_layers()
+        return self
+
+    def quantize_head(self, method: str | None, group_size: int = 32) -> None:
+        """Compute logits through a `method`-quantized copy of the LM head (kept
+        float if the kernel does not take its shape), or with None through the
+        float head again (tied, or never quantized). The embedding table stays
+        float for the token lookup; an untied float head is released."""
+        if method is None:
+            if self.lm_head.numel() == 0:
+                raise ValueError("the untied float LM head was released when it was quantized")
+            self.logits_head = None
+            self.lm_head_packed = pack_linear_weight(self.lm_head)
+            return
+        head = quantize_weight(self.lm_head.detach(), method, group_size)
+        if head is None:
+            return
+        self.logits_head = head
+        self.lm_head_packed = None
+        if self.lm_head is not self.embed_tokens:
+            self.lm_head = nn.Parameter(torch.empty(0, device=self.lm_head.device), requires_grad=False)
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata):
         """Returns final hidden states [T, hidden] (normed)."""

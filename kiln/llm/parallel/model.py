@@ -14,6 +14,7 @@ from torch import nn
 
 from kiln.llm.attention.backend import TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
+from kiln.llm.layers.linear import pack_for_prefill
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models.arch import LlamaArch
@@ -77,6 +78,12 @@ class ShardedLlamaModel(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return next(p for p in self.parameters()).dtype
+
+    def finish(self, device: torch.device, dtype: torch.dtype) -> ShardedLlamaModel:
+        """The loaded shard on `device` in `dtype`, fp32 CPU projections packed for prefill."""
+        self.to(device=device, dtype=dtype).eval()
+        pack_for_prefill(self)
+        return self
 
     def load_weights(self, reader: WeightReader) -> None:
         a = self.arch

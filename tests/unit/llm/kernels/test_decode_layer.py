@@ -11,11 +11,9 @@ import torch
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.kernels.ops import PACKED_MIN_ROWS
-from kiln.llm.layers.linear import pack_for_prefill
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.models.llama import LlamaModel
-from kiln.llm.quant import quantize_model
 from kiln.llm.runner.inputs import _decode_group
 
 pytestmark = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
@@ -33,10 +31,8 @@ def model_in(mode: str) -> LlamaModel:
     model = LlamaModel(ARCH, max_positions=256)
     for name, p in model.named_parameters():
         p.data.fill_(1.0) if "layernorm" in name or name == "norm.weight" else p.data.normal_(0, 0.05)
-    quantize_model(model, {"fp32": None, "int8": "int8", "int4": "int4"}[mode], group_size=32)
-    pack_for_prefill(model)
-    model.fused_layers = model.gather_fused_layers()
-    return model
+    quantization = {"fp32": None, "int8": "int8", "int4": "int4"}[mode]
+    return model.finish(torch.device("cpu"), torch.float32, quantization, group_size=32)
 
 
 def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
