@@ -110,7 +110,6 @@ class AsyncLLM:
         self._streams: dict[str, RequestStream] = {}
         self._times: dict[str, RequestTimes] = {}
         self._pending: set[str] = set()  # added, no token yet
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- life cycle ----------------------------------------------------------
     @classmethod
@@ -125,7 +124,7 @@ class AsyncLLM:
         return engine
 
     async def _start(self) -> None:
-        self._loop = loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
 
         def on_result(result: StepResult) -> None:  # called on the client's thread
             loop.call_soon_threadsafe(self._on_result, result)

@@ -20,6 +20,7 @@ from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch
+from kiln.llm.models.checkpoint import check_none_missing
 from kiln.llm.quant.apply import HEAD_METHOD, quantize_linears, quantize_weight
 
 
@@ -189,12 +190,10 @@ class LlamaModel(nn.Module):
 
     # ---- weights ----------------------------------------------------------
     def load_weights(self, weights: dict[str, torch.Tensor], source: str = "") -> None:
-        """Copy HF-named tensors into the (fused) parameters; every parameter
-        must be covered, and no unexpected tensor may be left over."""
-        expected = _expected_names(self.arch)
-        missing = sorted(expected - weights.keys())
-        if missing:
-            raise ModelLoadError(f"{source}: missing weights {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        """Copy HF-named tensors into the (fused) parameters. Every parameter
+        must be covered; other tensors are not read (a truncated draft model
+        takes the first layers of a whole checkpoint)."""
+        check_none_missing(self.arch, weights.keys(), source)
         a = self.arch
         self._copy(self.embed_tokens, weights["model.embed_tokens.weight"], "model.embed_tokens.weight", source)
         if not a.tie_word_embeddings:
@@ -225,15 +224,3 @@ class LlamaModel(nn.Module):
             )
         param.data.copy_(tensor)
 
-
-def _expected_names(arch: LlamaArch) -> set[str]:
-    names = {"model.embed_tokens.weight", "model.norm.weight"}
-    if not arch.tie_word_embeddings:
-        names.add("lm_head.weight")
-    per_layer = [
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm",
-    ]
-    for i in range(arch.num_layers):
-        names.update(f"model.layers.{i}.{n}.weight" for n in per_layer)
-    return names

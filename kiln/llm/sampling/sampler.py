@@ -14,6 +14,7 @@ import torch
 from kiln.llm.request import Request
 from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.penalties import apply_penalties, apply_top_k_top_p_min_p
+from kiln.llm.sampling_params import SamplingParams
 
 
 class Sampler:
@@ -28,15 +29,19 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         params = [r.sampling_params for r in requests]
-        if all(p.greedy and not _needs_processing(p, r) for p, r in zip(params, requests, strict=False)):
+        if all(p.greedy and not needs_processing(p, r) for p, r in zip(params, requests, strict=False)):
             return [SampledToken(int(t)) for t in logits.argmax(dim=-1).tolist()]
-        logits = self._process(logits.float(), requests)
+        logits = self.process(logits, requests)
         logprobs = logits.log_softmax(dim=-1) if any(p.logprobs is not None for p in params) else None
         tokens = self._choose(logits, requests)
         return [self._result(i, t, logprobs, params[i].logprobs) for i, t in enumerate(tokens)]
 
     # ---- logit processing -------------------------------------------------
-    def _process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Logit bias, min_tokens masking and penalties (on a float32 copy
+        when `logits` is not float32; callers that need the input kept pass
+        a clone)."""
+        logits = logits.float()
         for row, req in enumerate(requests):
             p = req.sampling_params
             if p.logit_bias:
@@ -86,10 +91,6 @@ class Sampler:
         )
         return scaled.softmax(dim=-1)
 
-    def process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Logit bias, min_tokens masking and penalties (float32 copy)."""
-        return self._process(logits.float(), requests)
-
     def generator_for(self, request: Request) -> torch.Generator:
         """The request's own seeded generator, or the shared one."""
         seed = request.sampling_params.seed
@@ -106,15 +107,8 @@ class Sampler:
         race = torch.empty_like(probs)
         race.exponential_(generator=self.generator)
         for row, req in enumerate(requests):
-            seed = req.sampling_params.seed
-            if seed is None:
-                continue
-            gen = self._request_generators.get(req.request_id)
-            if gen is None:
-                gen = torch.Generator(device=self.device)
-                gen.manual_seed(seed)
-                self._request_generators[req.request_id] = gen
-            race[row].exponential_(generator=gen)
+            if req.sampling_params.seed is not None:
+                race[row].exponential_(generator=self.generator_for(req))
         return race
 
     @staticmethod
@@ -129,8 +123,7 @@ class Sampler:
         return SampledToken(token, float(lp[token]), top)
 
 
-def _needs_processing(p, req: Request) -> bool:
+def needs_processing(p: SamplingParams, req: Request) -> bool:
+    """Whether the row needs more than a plain argmax or draw (bias, penalties, logprobs, min_tokens)."""
     return bool(p.logit_bias) or p.needs_penalties or p.logprobs is not None or req.num_output_tokens < p.min_tokens
 
-
-needs_processing = _needs_processing  # public name for the speculative verifier

@@ -37,10 +37,6 @@ class ScheduledChunk:
             return self.request.token_slice(self.start, self.start + self.num_tokens)
         return self.request.token_slice(self.start, self.request.num_tokens) + self.draft_token_ids
 
-    @property
-    def is_decode(self) -> bool:
-        return self.num_tokens == 1 and self.start >= self.request.num_prompt_tokens
-
 
 @dataclass
 class SchedulerOutput:
