@@ -62,11 +62,8 @@ class Tokenizer:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load from a HF model directory or a .gguf file (tokenizer in its metadata).
-
-    Cached per (path, modification time): building a tokenizer from GGUF
-    metadata takes seconds, and a Tokenizer is read-only once built.
-    """
+    """Load from a HF model directory or a .gguf file (tokenizer in its metadata);
+    cached per (path, mtime), as a GGUF build is slow and a Tokenizer read-only."""
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"tokenizer path does not exist: {path}")

@@ -33,14 +33,10 @@ log = logging.getLogger(__name__)
 
 
 def pick_torch_threads() -> int:
-    """One intra-op thread per core this process may run on, unless
-    OMP_NUM_THREADS says otherwise.
-
-    The engine step is the server's hot path and the API process needs little
-    CPU, so the engine takes every core; on a machine shared with other busy
-    processes fewer threads can win, hence the override (see
-    docs/benchmarks.md (Engine threads)).
-    """
+    """One intra-op thread per core this process may run on: the engine step is
+    the hot path, the API process needs little CPU. OMP_NUM_THREADS wins (on a
+    busy shared machine fewer threads can be faster). See docs/benchmarks.md
+    (Serving, side by side with `vllm serve`)."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(len(os.sched_getaffinity(0)))
     return torch.get_num_threads()

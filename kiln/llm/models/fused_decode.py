@@ -2,7 +2,8 @@
 
 At batch 1 the Python around a layer's kernels (module calls, views, kernel
 checks: ~15 ops per layer) is a visible share of a step (see
-docs/benchmarks.md). `kiln::decode_layer` runs the same kernels in the same
+docs/benchmarks.md (One call per decoder layer (`kiln::decode_layer`))).
+`kiln::decode_layer` runs the same kernels in the same
 order as LlamaLayer.forward, so its output is bit-identical
 (tests/unit/llm/kernels/test_decode_layer.py). LlamaModel decides whether
 its layers qualify (`LlamaModel.gather_fused_layers`); this module holds

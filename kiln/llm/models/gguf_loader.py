@@ -49,10 +49,10 @@ _CORRUPT_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, O
 class _FastGGUFReader(GGUFReader):
     """GGUFReader that slices a plain ndarray view of its np.memmap.
 
-    Same parse; about 3x faster on files with a big vocabulary, because
-    slicing an np.memmap subclass costs microseconds per slice and the
-    reader makes ~250k of them for the token and merge lists. Overrides the
-    reader's private `_get` (same signature as gguf 0.10-0.19).
+    Same parse, much faster on files with a big vocabulary: slicing the
+    np.memmap subclass is slow per slice, and the reader slices once per
+    token and merge (see docs/benchmarks.md (GGUF header parse (model loading))). Overrides
+    the reader's private `_get` (same signature as gguf 0.10-0.19).
     """
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: str | None = None) -> np.ndarray:
@@ -233,12 +233,9 @@ def _unpermute_if_qk(name: str, w: np.ndarray, arch: LlamaArch) -> np.ndarray:
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo convert_hf_to_gguf.py's Q/K row permutation.
-
-    llama.cpp's rope rotates adjacent pairs (x0,x1),(x2,x3)...; HF rotates
-    halves (x0,x_d/2)... The converter interleaves each head's two halves:
-    `w.reshape(n, 2, d/2, cols).swapaxes(1, 2)`. This is its inverse.
-    """
+    """Invert convert_hf_to_gguf.py's Q/K row permutation, which interleaves each
+    head's two halves (`w.reshape(n, 2, d/2, cols).swapaxes(1, 2)`) because
+    llama.cpp's rope rotates adjacent pairs where HF's rotates halves."""
     rows, cols = w.shape
     half = rows // n_heads // 2
     return w.reshape(n_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)
