@@ -13,17 +13,9 @@ import os
 import torch
 
 from kiln.llm.kernels.build import LIBRARY, cpu_supported
+from kiln.llm.kernels.tuning import LINEAR_MAX_ROWS
 
 log = logging.getLogger(__name__)
-
-# Up to this many rows the kernel is at least as fast as MKL on this class of
-# CPU (bench/linear_f32.py measures the crossover); above, prefill chunks
-# take torch's BLAS.
-LINEAR_MAX_ROWS = 192
-# Where a layer also holds a oneDNN-packed copy of its weight (pack_linear_weight),
-# more rows than this take oneDNN: on the 2-core Zen3 box it beats Kiln's
-# kernel from 32-48 rows and MKL by 15-28% at 128-1024 rows (bench/linear_f32.py).
-PACKED_MIN_ROWS = 32
 
 
 @functools.cache

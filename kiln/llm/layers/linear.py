@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.llm.kernels.ops import PACKED_MIN_ROWS, linear_f32, linear_packed, pack_linear_weight
+from kiln.llm.kernels.ops import linear_f32, linear_packed, pack_linear_weight
+from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from kiln.llm.attention.metadata import AttentionMetadata
-from kiln.llm.kernels.ops import PACKED_MIN_ROWS, kernels_loaded
+from kiln.llm.kernels.ops import kernels_loaded
+from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 from kiln.llm.layers.linear import Linear
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.quant.int4_cpu import Int4CpuLinear

@@ -8,6 +8,7 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from kiln.llm.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSeq
+from kiln.llm.kernels.tuning import DECODE_GROUP_SIZE, MAX_DECODE_LIKE_TOKENS
 from kiln.llm.kv_cache.manager import cdiv
 
 
@@ -43,22 +44,13 @@ class ModelInputs(Generic[Chunk]):
     has_spec: bool = False
 
 
-# Chunks of at most this many new tokens on top of cached context (decodes,
-# speculative verification, short prefill tails) are attended row by row:
-# every row is one query with its own context length, so they batch with
-# the decodes instead of costing one attention call per sequence.
-MAX_DECODE_LIKE_TOKENS = 17
-
-
 def is_decode_like(c: FedChunk) -> bool:
+    """A chunk of few new tokens on cached context (a decode, a speculative
+    verification, a short prefill tail) is attended row by row: every row is
+    one query with its own context length, so it batches with the decodes
+    instead of costing one attention call per sequence."""
     return c.start > 0 and c.num_tokens <= MAX_DECODE_LIKE_TOKENS
 
-
-# Decode rows are attended in groups of similar context length, each padded
-# only to its own longest context (the torch path pads; Kiln's CPU kernel
-# reads exactly each row's context): one padded batch over 1..600-token
-# contexts would gather and score about twice the keys it needs.
-DECODE_GROUP_SIZE = 16
 
 
 def build_inputs(chunks: Sequence[Chunk], block_size: int, device: torch.device) -> ModelInputs[Chunk]:
@@ -89,9 +81,13 @@ def build_inputs(chunks: Sequence[Chunk], block_size: int, device: torch.device)
     # (block ids, context length) per decode row, in row order.
     rows = [(c.block_ids, c.start + i + 1) for c in decodes for i in range(c.num_tokens)]
     meta = AttentionMetadata(slot_mapping=tensor(slots), block_size=block_size, num_decodes=len(rows))
+    # Decode rows (sorted by context) are attended in groups, each padded only
+    # to its own longest context (the torch path pads; Kiln's CPU kernel reads
+    # exactly each row's context): one padded batch over 1..600-token contexts
+    # would gather and score about twice the keys it needs.
     for first in range(0, len(rows), DECODE_GROUP_SIZE):
         group = rows[first : first + DECODE_GROUP_SIZE]
-        meta.decode_groups.append(_decode_group(first, group, block_size, tensor))
+        meta.decode_groups.append(decode_group(first, group, block_size, tensor))
     row = len(rows)
     for c in prefills:
         ctx_len = c.start + c.num_tokens
@@ -101,7 +97,7 @@ def build_inputs(chunks: Sequence[Chunk], block_size: int, device: torch.device)
     return ModelInputs(tensor(ids), tensor(positions), meta, tensor(sample_rows), sample_chunks, has_spec)
 
 
-def _decode_group(
+def decode_group(
     first_row: int, rows: list[tuple[list[int], int]], block_size: int, tensor: Callable[..., torch.Tensor]
 ) -> DecodeGroup:
     lens = [n for _, n in rows]

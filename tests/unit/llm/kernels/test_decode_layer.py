@@ -10,11 +10,11 @@ import torch
 
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
 from kiln.llm.kernels.build import cpu_supported
-from kiln.llm.kernels.ops import PACKED_MIN_ROWS
+from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.models.llama import LlamaModel
-from kiln.llm.runner.inputs import _decode_group
+from kiln.llm.runner.inputs import decode_group
 
 pytestmark = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
 
@@ -45,7 +45,7 @@ def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
     meta = AttentionMetadata(slot_mapping=torch.tensor(slots), block_size=BLOCK, num_decodes=batch)
     rows = list(zip(tables, ctx, strict=True))
     for first in range(0, batch, 16):
-        meta.decode_groups.append(_decode_group(first, rows[first : first + 16], BLOCK, torch.tensor))
+        meta.decode_groups.append(decode_group(first, rows[first : first + 16], BLOCK, torch.tensor))
     ids = torch.randint(3, ARCH.vocab_size, (batch,), generator=g)
     pool = [torch.randn(2, batch * BLOCKS_PER_SEQ * BLOCK, ARCH.num_kv_heads, ARCH.head_dim, generator=g).to(pool_dtype)
             for _ in range(ARCH.num_layers)]
