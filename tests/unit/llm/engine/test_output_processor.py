@@ -18,6 +18,8 @@ PIECES = {
     8: b"xx E", 9: b"N", 10: b"D yy", 11: b"!",
 }
 TOKENIZER = ByteTokenizer(PIECES, special=frozenset({EOS}))
+# "xx E" + "N" + "D yy": the stop string "END" spans three tokens
+STOP_STRING_PIECES = [EngineCoreOutput("r", [8]), EngineCoreOutput("r", [9]), EngineCoreOutput("r", [10])]
 
 
 def processor(rid="r", **params) -> OutputProcessor:
@@ -58,7 +60,7 @@ def test_an_incomplete_character_is_flushed_when_the_request_ends():
 
 def test_a_stop_string_across_tokens_ends_the_request_and_asks_for_its_abort():
     proc = processor(stop=["END"])
-    deltas, last, aborts = feed(proc, EngineCoreOutput("r", [8]), EngineCoreOutput("r", [9]), EngineCoreOutput("r", [10]))
+    deltas, last, aborts = feed(proc, *STOP_STRING_PIECES)
     # "xx E" and "xx EN" might still begin "END": the last two characters wait
     assert deltas == ["xx", " ", ""]
     assert last.finished and last.outputs[0].text == "xx "
@@ -71,7 +73,7 @@ def test_a_stop_string_across_tokens_ends_the_request_and_asks_for_its_abort():
 
 def test_include_stop_str_in_output_keeps_the_stop_string():
     proc = processor(stop=["END"], include_stop_str_in_output=True)
-    deltas, last, _ = feed(proc, EngineCoreOutput("r", [8]), EngineCoreOutput("r", [9]), EngineCoreOutput("r", [10]))
+    deltas, last, _ = feed(proc, *STOP_STRING_PIECES)
     assert deltas == ["xx", " ", "END"] and last.outputs[0].text == "xx END"
 
 
