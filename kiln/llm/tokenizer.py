@@ -39,9 +39,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         # No space clean-up: it depends on neighbouring tokens, so it would
         # make incremental detokenization disagree with a whole decode.
-        return self.hf.decode(
-            list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
-        )
+        text = self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        if not isinstance(text, str):  # a batch decode's answer; one id list never gets one
+            raise TypeError(f"tokenizer decode returned {type(text).__name__}, expected str")
+        return text
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt text the model's chat template makes of `messages`."""

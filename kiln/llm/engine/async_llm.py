@@ -98,13 +98,15 @@ class RequestStream:
 
 
 class AsyncLLM:
+    # Set by `start`, the only way to get an AsyncLLM that takes requests.
+    info: Ready
+    tokenizer: Tokenizer
+    inputs: InputProcessor
+    outputs: OutputProcessor
+
     def __init__(self, client: EngineCoreClient, observer: EngineObserver | None = None):
         self.client = client
         self.observer = observer
-        self.info: Ready | None = None
-        self.tokenizer: Tokenizer | None = None
-        self.inputs: InputProcessor | None = None
-        self.outputs: OutputProcessor | None = None
         self.dead_message: str | None = None
         self.latest_stats: EngineStats | None = None
         self._streams: dict[str, RequestStream] = {}
@@ -132,14 +134,19 @@ class AsyncLLM:
         def on_dead(message: str) -> None:
             loop.call_soon_threadsafe(self._on_dead, message)
 
+        # Load the tokenizer while the engine loads its weights, if its path is obvious.
         guess = _tokenizer_path_guess(self.client.config)
         tok_task = loop.run_in_executor(None, load_tokenizer, guess) if guess else None
         info = await loop.run_in_executor(None, self.client.start, on_result, on_dead)
-        try:
-            tokenizer = await tok_task if tok_task else None
-        except Exception:
-            tokenizer = None
-        if tokenizer is None or Path(info.tokenizer_path).resolve() != Path(guess).resolve():
+        tokenizer: Tokenizer | None = None
+        if tok_task is not None and guess is not None:
+            try:
+                tokenizer = await tok_task
+            except Exception:
+                tokenizer = None
+            if Path(info.tokenizer_path).resolve() != Path(guess).resolve():
+                tokenizer = None  # the engine's model has its tokenizer elsewhere
+        if tokenizer is None:
             tokenizer = await loop.run_in_executor(None, load_tokenizer, info.tokenizer_path)
         self.info, self.tokenizer = info, tokenizer
         self.inputs = InputProcessor(tokenizer, info.max_model_len, info.vocab_size)

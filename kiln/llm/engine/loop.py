@@ -14,7 +14,6 @@ from kiln.llm.engine.messages import (
     Abort,
     AddRequest,
     EngineCoreOutputs,
-    FromEngine,
     Ready,
     Shutdown,
     StepResult,
@@ -40,7 +39,7 @@ class EngineLoop:
     effect (and frees its KV blocks) at the next step boundary.
     """
 
-    def __init__(self, core: EngineCore, inbox: Inbox, send: Callable[[FromEngine], None], alive: Callable[[], bool]):
+    def __init__(self, core: EngineCore, inbox: Inbox, send: Callable[[StepResult], None], alive: Callable[[], bool]):
         self.core = core
         self.inbox = inbox
         self.send = send

@@ -68,7 +68,8 @@ def fused_layer(
     post_norm: torch.Tensor,
 ) -> FusedLayer | None:
     """One layer's kernel arguments, or None if a projection is of a kind the kernel does not take."""
-    tensors, groups = [], set()
+    tensors: list[list[torch.Tensor]] = []
+    groups: set[int] = set()
     for module in (qkv, o, gate_up, down):
         found = projection_tensors(module)
         if found is None:
@@ -78,7 +79,8 @@ def fused_layer(
     groups.discard(0)
     if len(groups) > 1:
         return None
-    return FusedLayer(*tensors, input_norm, post_norm, groups.pop() if groups else 0)
+    qkv_t, o_t, gate_up_t, down_t = tensors
+    return FusedLayer(qkv_t, o_t, gate_up_t, down_t, input_norm, post_norm, groups.pop() if groups else 0)
 
 
 def applies(meta: AttentionMetadata, num_tokens: int) -> bool:

@@ -6,6 +6,9 @@ each module knows where its pieces go (`load_weights`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,12 +44,15 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.arch = arch
         self.num_heads, self.num_kv_heads = arch.num_heads, arch.num_kv_heads
-        self.qkv_proj = Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size)
-        self.o_proj = Linear(arch.q_size, arch.hidden_size)
+        # A Linear until LlamaModel.finish may swap in a quantized module.
+        self.qkv_proj: nn.Module = Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size)
+        self.o_proj: nn.Module = Linear(arch.q_size, arch.hidden_size)
         self.backend = backend
-        self.reduce = _no_reduce
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
 
-    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata):
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         d = self.arch.head_dim
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
         qkv = self.qkv_proj(x)
@@ -54,7 +60,7 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, d)
         k = k.view(-1, self.num_kv_heads, d)
         v = v.view(-1, self.num_kv_heads, d)
-        q, k = RotaryEmbedding.apply(q, k, *rope)
+        q, k = RotaryEmbedding.rotate(q, k, *rope)
         out = self.backend.forward(q, k, v, kv_cache, meta)
         return self.reduce(self.o_proj(out.reshape(-1, q_size)))
 
@@ -63,11 +69,11 @@ class LlamaMLP(nn.Module):
     def __init__(self, arch: LlamaArch):
         super().__init__()
         self.inter = arch.intermediate_size
-        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size)
-        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size)
-        self.reduce = _no_reduce
+        self.gate_up_proj: nn.Module = Linear(arch.hidden_size, 2 * arch.intermediate_size)
+        self.down_proj: nn.Module = Linear(arch.intermediate_size, arch.hidden_size)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         act = ops.silu_mul(gate_up)
         if act is None:
@@ -77,14 +83,19 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, arch, backend, self_attn: LlamaAttention | None = None, mlp: LlamaMLP | None = None):
+    def __init__(
+        self, arch: LlamaArch, backend: AttentionBackend, self_attn: LlamaAttention | None = None,
+        mlp: LlamaMLP | None = None,
+    ):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.self_attn = self_attn or LlamaAttention(arch, backend)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = mlp or LlamaMLP(arch)
 
-    def forward(self, x, rope, kv_cache, meta):
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         h, x = self.post_attention_layernorm.add_forward(attn, x)
         return x + self.mlp(h)
@@ -150,7 +161,14 @@ class LlamaModel(nn.Module):
         if self.lm_head is not self.embed_tokens:
             self.lm_head = nn.Parameter(torch.empty(0, device=self.lm_head.device), requires_grad=False)
 
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata):
+    @property
+    def decoder_layers(self) -> list[LlamaLayer]:
+        """`layers`, typed (an nn.ModuleList yields plain Modules)."""
+        return cast("list[LlamaLayer]", list(self.layers))
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor:
         """Returns final hidden states [T, hidden] (normed)."""
         x = F.embedding(input_ids, self.embed_tokens)
         rope = self.rotary.tables(positions)
@@ -167,7 +185,7 @@ class LlamaModel(nn.Module):
         if not fused_decode.supported(self.arch, self.embed_tokens):
             return None
         layers = []
-        for layer in self.layers:
+        for layer in self.decoder_layers:
             attn, mlp = layer.self_attn, layer.mlp
             plain = (
                 type(layer) is LlamaLayer and type(attn) is LlamaAttention and type(mlp) is LlamaMLP
@@ -200,14 +218,15 @@ class LlamaModel(nn.Module):
         if not a.tie_word_embeddings:
             self._copy(self.lm_head, weights["lm_head.weight"], "lm_head.weight", source)
         self._copy(self.norm.weight, weights["model.norm.weight"], "model.norm.weight", source)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers):
             p = f"model.layers.{i}."
-            attn = [weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
-            self._copy(layer.self_attn.qkv_proj.weight, torch.cat(attn), p + "self_attn.qkv", source)
-            self._copy(layer.self_attn.o_proj.weight, weights[p + "self_attn.o_proj.weight"], p + "o_proj", source)
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = torch.cat([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+            self._copy(_float_weight(attn.qkv_proj), qkv, p + "self_attn.qkv", source)
+            self._copy(_float_weight(attn.o_proj), weights[p + "self_attn.o_proj.weight"], p + "o_proj", source)
             gate_up = torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
-            self._copy(layer.mlp.gate_up_proj.weight, gate_up, p + "mlp.gate_up", source)
-            self._copy(layer.mlp.down_proj.weight, weights[p + "mlp.down_proj.weight"], p + "mlp.down_proj", source)
+            self._copy(_float_weight(mlp.gate_up_proj), gate_up, p + "mlp.gate_up", source)
+            self._copy(_float_weight(mlp.down_proj), weights[p + "mlp.down_proj.weight"], p + "mlp.down_proj", source)
             input_norm = weights[p + "input_layernorm.weight"]
             self._copy(layer.input_layernorm.weight, input_norm, p + "input_layernorm", source)
             self._copy(
@@ -225,3 +244,9 @@ class LlamaModel(nn.Module):
             )
         param.data.copy_(tensor)
 
+
+def _float_weight(projection: nn.Module) -> torch.Tensor:
+    """The weight of a float projection: weights load before quantization."""
+    if not isinstance(projection, Linear):
+        raise ModelLoadError(f"cannot load weights into a {type(projection).__name__}: load before finish()")
+    return projection.weight

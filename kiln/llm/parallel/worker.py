@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.parallel.model import gather_weight_bytes
 from kiln.llm.parallel.plan import Heartbeat, ReportWeights, StepPlan, Stop, WorkerInit, receive_plan
 from kiln.llm.parallel.shard_builder import build_stage
@@ -40,7 +41,7 @@ def run_worker(rank: int, world_size: int, init_method: str, device: str, timeou
         failed = torch.zeros(1)
         stage = None
         try:
-            arch, reader, _ = open_weights(config.model.model)
+            arch, reader, _ = open_weights(resolve_model_path(config))  # the driver's resolved path
             stage = build_stage(config, arch, reader, state, init.num_blocks, init.max_model_len)
             del reader
         except Exception:

@@ -64,6 +64,8 @@ def pack_int4(q: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 class Int4Linear(QuantizedLinear):
     _kernel_buffers = ("scales_and_zeros",)
+    weight_int4: torch.Tensor  # the device kernel's packed layout
+    scales_and_zeros: torch.Tensor  # [K/G, N, 2], the kernel's dtype
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int, group_size: int):
         super().__init__()

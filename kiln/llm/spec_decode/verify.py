@@ -30,7 +30,7 @@ def as_if_output(request: Request, extra: list[int]) -> Request:
 
 def row_requests(chunks: list[ScheduledChunk]) -> list[Request]:
     """One (virtual) request per logit row, in row order."""
-    rows = []
+    rows: list[Request] = []
     for c in chunks:
         rows.extend(as_if_output(c.request, c.draft_token_ids[:i]) for i in range(1 + len(c.draft_token_ids)))
     return rows
