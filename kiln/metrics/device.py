@@ -28,7 +28,7 @@ class DeviceSample(NamedTuple):
 
 def _nvml_reader() -> Callable[[], list[DeviceSample]] | None:
     try:
-        import pynvml
+        import pynvml  # optional dependency (nvidia-ml-py); absent on most machines
 
         pynvml.nvmlInit()
         if pynvml.nvmlDeviceGetCount() == 0:

@@ -62,7 +62,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 def linear_packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """x [M, K] fp32 @ W^T with W as packed by pack_linear_weight. Each row's
-    result does not depend on M (checked in tests/unit/kernels)."""
+    result does not depend on M (checked in tests/unit/llm/kernels)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
