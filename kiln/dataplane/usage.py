@@ -13,15 +13,11 @@ LLM engine generated (every choice, stopped or not).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 from kiln.metrics.cost import UsageReading, UsageTotals
+from kiln.metrics.server_metrics import RequestTiming, ServerMetrics, StepStats
 from kiln.serving.stats import ModelStats
-
-if TYPE_CHECKING:  # engine types, named only in annotations
-    from kiln.llm.engine.async_llm import RequestTimes
-    from kiln.llm.engine.core_proc import StepResult
-    from kiln.metrics.server_metrics import ServerMetrics
 
 
 class UsageObserver:
@@ -32,21 +28,20 @@ class UsageObserver:
         self.metrics = metrics
         self.totals = totals
 
-    def on_step(self, result: StepResult) -> None:
-        self.metrics.on_step(result)
-        stats = result.outputs.stats
+    def on_step(self, stats: StepStats | None, queue_times: Iterable[float]) -> None:
+        self.metrics.on_step(stats, queue_times)
         if stats is not None:
             self.totals.busy_s += stats.step_seconds
 
-    def on_tokens(self, times: RequestTimes, num_new: int, now: float) -> None:
+    def on_tokens(self, times: RequestTiming, num_new: int, now: float) -> None:
         self.metrics.on_tokens(times, num_new, now)
         self.totals.output_tokens += num_new
 
-    def on_finished(self, times: RequestTimes, finish_reason: str) -> None:
+    def on_finished(self, times: RequestTiming, finish_reason: str) -> None:
         self.metrics.on_finished(times, finish_reason)
         self.totals.requests += 1
 
-    def on_failed(self, times: RequestTimes, reason: str) -> None:
+    def on_failed(self, times: RequestTiming, reason: str) -> None:
         self.metrics.on_failed(times, reason)
 
     def __getattr__(self, name: str):

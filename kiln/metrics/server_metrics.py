@@ -4,18 +4,64 @@ Names follow vLLM's with a `kiln:` prefix, so dashboards port over. Every
 metric carries `model_name`: `LLMMetricFamilies` defines each metric once per
 registry (a server's), and `ServerMetrics` is one model's view of them.
 Engine counters (prefix-cache queries and hits, preemptions, speculative
-draft and accepted tokens) arrive as running totals in EngineStats; they are
+draft and accepted tokens) arrive as running totals (`StepStats`); they are
 turned into counter increments here, so the Prometheus counters stay
-monotonic across engine restarts.
+monotonic.
+
+This module knows no engine class: it reads the plain fields the two small
+protocols below name (the engine's EngineStats and AsyncLLM's RequestTimes
+have them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kiln.llm.engine.async_llm import RequestTimes
-from kiln.llm.engine.core_proc import StepResult
-from kiln.llm.engine.messages import EngineStats
+
+class StepStats(Protocol):
+    """Gauges after an engine step, and running totals since the engine started."""
+
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def kv_blocks_used(self) -> int: ...
+    @property
+    def kv_blocks_total(self) -> int: ...
+    @property
+    def prefix_cache_queries(self) -> int: ...
+    @property
+    def prefix_cache_hits(self) -> int: ...
+    @property
+    def num_preemptions(self) -> int: ...
+    @property
+    def num_scheduled_seqs(self) -> int: ...  # 0 outside a step
+    @property
+    def step_seconds(self) -> float: ...
+    @property
+    def spec_num_draft_tokens(self) -> int: ...
+    @property
+    def spec_num_accepted_tokens(self) -> int: ...
+
+
+class RequestTiming(Protocol):
+    """Timestamps (time.monotonic) of one request so far."""
+
+    @property
+    def arrival(self) -> float: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def first_token(self) -> float | None: ...
+    @property
+    def last_token(self) -> float | None: ...
+    @property
+    def num_generated(self) -> int: ...
+
 
 TTFT_BUCKETS = (
     0.001,
@@ -99,7 +145,6 @@ class ServerMetrics:
 
     def __init__(self, families: LLMMetricFamilies, model_name: str):
         self.model_name = model_name
-        self._last: EngineStats | None = None
         f, name = families, model_name
         self.running, self.waiting = f.running.labels(name), f.waiting.labels(name)
         self.kv_usage = f.kv_usage.labels(name)
@@ -115,29 +160,36 @@ class ServerMetrics:
             self.success.labels(name, reason)
         for reason in ("abort", "engine_dead", "rejected"):
             self.failure.labels(name, reason)
+        # StepStats running total -> the counter it feeds, and its last value.
+        self._totals = {
+            "prefix_cache_queries": self.prefix_queries,
+            "prefix_cache_hits": self.prefix_hits,
+            "num_preemptions": self.preemptions,
+            "spec_num_draft_tokens": self.spec_drafts,
+            "spec_num_accepted_tokens": self.spec_accepted,
+        }
+        self._last_totals = dict.fromkeys(self._totals, 0)
 
     # ---- EngineObserver ------------------------------------------------------
-    def on_step(self, result: StepResult) -> None:
-        for seconds in result.queue_times.values():
+    def on_step(self, stats: StepStats | None, queue_times: Iterable[float]) -> None:
+        """After an engine step: its stats (None if it sent none) and the queue
+        times of the requests it scheduled for the first time."""
+        for seconds in queue_times:
             self.queue_time.observe(seconds)
-        stats = result.outputs.stats
         if stats is None:
             return
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
-        last = self._last or EngineStats()
-        self.prefix_queries.inc(max(0, stats.prefix_cache_queries - last.prefix_cache_queries))
-        self.prefix_hits.inc(max(0, stats.prefix_cache_hits - last.prefix_cache_hits))
-        self.preemptions.inc(max(0, stats.num_preemptions - last.num_preemptions))
-        self.spec_drafts.inc(max(0, stats.spec_num_draft_tokens - last.spec_num_draft_tokens))
-        self.spec_accepted.inc(max(0, stats.spec_num_accepted_tokens - last.spec_num_accepted_tokens))
-        self._last = stats
+        for name, counter in self._totals.items():
+            total = getattr(stats, name)
+            counter.inc(max(0, total - self._last_totals[name]))
+            self._last_totals[name] = total
         if stats.num_scheduled_seqs > 0:
             self.batch_size.observe(stats.num_scheduled_seqs)
             self.step_duration.observe(stats.step_seconds)
 
-    def on_tokens(self, times: RequestTimes, num_new: int, now: float) -> None:
+    def on_tokens(self, times: RequestTiming, num_new: int, now: float) -> None:
         if times.first_token is None:
             self.ttft.observe(now - times.arrival)
             self.prompt_tokens.inc(times.num_prompt_tokens)
@@ -145,14 +197,14 @@ class ServerMetrics:
             self.itl.observe(now - times.last_token)
         self.generation_tokens.inc(num_new)
 
-    def on_finished(self, times: RequestTimes, finish_reason: str) -> None:
+    def on_finished(self, times: RequestTiming, finish_reason: str) -> None:
         self.success.labels(self.model_name, finish_reason).inc()
         end = times.last_token or times.arrival
         self.e2e.observe(end - times.arrival)
         if times.first_token is not None and times.num_generated > 1:
             self.tpot.observe((end - times.first_token) / (times.num_generated - 1))
 
-    def on_failed(self, times: RequestTimes, reason: str) -> None:
+    def on_failed(self, times: RequestTiming, reason: str) -> None:
         self.failure.labels(self.model_name, reason).inc()
 
     def on_rejected(self) -> None:

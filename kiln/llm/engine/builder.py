@@ -9,16 +9,16 @@ import torch
 
 from kiln.config import EngineConfig
 from kiln.errors import ConfigError
-from kiln.llm.attention.selector import install_attention_backend
 from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
-from kiln.llm.kernels.ops import pack_linear_weight
-from kiln.llm.layers.linear import pack_for_prefill
-from kiln.llm.models import fused_decode
-from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
-from kiln.llm.models.default_model import default_model_path
+from kiln.llm.models.checkpoint import Checkpoint
+from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.llama import LlamaModel
-from kiln.llm.quant import quantize_model
+from kiln.llm.models.loader import load_checkpoint
+from kiln.llm.parallel.executor import ParallelRunner
+from kiln.llm.parallel.layout import check_splittable
+from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
+from kiln.llm.parallel.weights import DictReader, open_weights
 from kiln.llm.runner.cuda_graphs import build_cuda_graphs
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
@@ -28,29 +28,17 @@ from kiln.llm.spec_decode.proposer import Proposer
 log = logging.getLogger(__name__)
 
 
-def resolve_model_path(config: EngineConfig) -> str:
-    return str(config.model.model or default_model_path())
-
-
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
-    device = require_device(config.model.device)
     model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
     model.load_weights(checkpoint.weights, checkpoint.source)
-    return finish_model(model, config, device)
+    return finish_model(model, config)
 
 
-def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) -> LlamaModel:
-    """Loaded float32 model -> device, quantized (if asked), compute dtype,
-    fp32 CPU projections packed for prefill, fused decode layers gathered."""
-    model = model.to(device=device)
-    quantize_model(model, config.model.quantization, config.model.quant_group_size)
-    model = model.to(dtype=DTYPES[config.model.dtype]).eval()
-    install_attention_backend(model, device, kv_dtype(config))
-    pack_for_prefill(model)
-    if model.logits_head is None:
-        model.lm_head_packed = pack_linear_weight(model.lm_head)
-    model.fused_layers = fused_decode.prepare(model)
-    return model
+def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
+    """A loaded float32 model, finished as the config asks (LlamaModel.finish)."""
+    device = require_device(config.model.device)
+    m = config.model
+    return model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config))
 
 
 def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:
@@ -90,7 +78,7 @@ def build_proposer(
         draft = build_model(draft_checkpoint, config, max_model_len)
     else:
         draft = truncated_model(checkpoint, spec.draft_num_layers, max_model_len)
-        draft = finish_model(draft, config, runner.device)
+        draft = finish_model(draft, config)
     # The draft pool mirrors the target's block count: whatever fits one fits the other.
     return DraftModelProposer(
         draft, num_blocks, config.cache.block_size, runner.device, runner.sampler, kv_dtype(config)
@@ -102,11 +90,6 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
 
     Without a preloaded checkpoint the driver, like every worker, reads only
     its own slices (lazily); the Checkpoint it returns carries no weights."""
-    from kiln.llm.parallel.executor import ParallelRunner
-    from kiln.llm.parallel.layout import check_splittable
-    from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
-    from kiln.llm.parallel.weights import DictReader, open_weights
-
     started = time.perf_counter()
     p = config.parallel
     require_device(config.model.device)

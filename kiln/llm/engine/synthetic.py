@@ -73,7 +73,7 @@ def synthetic_engine_core(arch: LlamaArch, config: EngineConfig) -> EngineCore:
     if max_model_len is None:
         raise ValueError("synthetic_engine_core needs max_model_len")
     model = random_llama(arch, max_model_len, DTYPES[config.model.dtype], device, config.model.seed)
-    model = finish_model(model, config, device)
+    model = finish_model(model, config)
     num_blocks = decide_num_blocks(model, config, max_model_len)
     max_model_len = min(max_model_len, num_blocks * config.cache.block_size)
     runner = ModelRunner(model, num_blocks, config.cache.block_size, device, config.model.seed, kv_dtype(config))

@@ -13,17 +13,9 @@ import os
 import torch
 
 from kiln.llm.kernels.build import LIBRARY, cpu_supported
+from kiln.llm.kernels.tuning import LINEAR_MAX_ROWS
 
 log = logging.getLogger(__name__)
-
-# Up to this many rows the kernel is at least as fast as MKL on this class of
-# CPU (bench/linear_f32.py measures the crossover); above, prefill chunks
-# take torch's BLAS.
-LINEAR_MAX_ROWS = 192
-# Where a layer also holds a oneDNN-packed copy of its weight (pack_linear_weight),
-# more rows than this take oneDNN: on the 2-core Zen3 box it beats Kiln's
-# kernel from 32-48 rows and MKL by 15-28% at 128-1024 rows (bench/linear_f32.py).
-PACKED_MIN_ROWS = 32
 
 
 @functools.cache
@@ -70,7 +62,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 def linear_packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """x [M, K] fp32 @ W^T with W as packed by pack_linear_weight. Each row's
-    result does not depend on M (checked in tests/unit/kernels)."""
+    result does not depend on M (checked in tests/unit/llm/kernels)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 

@@ -10,7 +10,7 @@ from kiln.llm.models.llama import LlamaModel
 from kiln.llm.request import Request
 from kiln.llm.runner.inputs import build_inputs
 from kiln.llm.sampling.sampler import Sampler
-from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
+from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
 from kiln.llm.spec_decode.proposer import Proposer
 from kiln.llm.spec_decode.verify import verify
 
@@ -33,6 +33,8 @@ def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -
 
 
 class ModelRunner:
+    """The Runner of a model in this process."""
+
     def __init__(
         self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device, seed: int = 0,
         kv_cache_dtype: torch.dtype | None = None,
@@ -51,6 +53,10 @@ class ModelRunner:
         self.sampler = Sampler(device, seed)
         self.proposer: Proposer | None = None  # set when speculative decoding is on
         self.cuda_graphs: CudaGraphRunner | None = None  # decode graphs, set by the builder on CUDA
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return []
 
     def check_health(self) -> None:
         """Nothing outside this process to lose (see ParallelRunner)."""
@@ -73,10 +79,12 @@ class ModelRunner:
         tokens = self.sampler(logits, requests)
         return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens, strict=False)})
 
-    def _sample_spec(self, logits: torch.Tensor, chunks) -> RunnerOutput:
+    def _sample_spec(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> RunnerOutput:
         """Plain rows go through the sampler as usual; speculative chunks'
         1 + k rows each are verified against their drafts."""
-        plain_rows, spec_rows, row = [], [], 0
+        plain_rows: list[int] = []
+        spec_rows: list[int] = []
+        row = 0
         for c in chunks:
             (spec_rows if c.draft_token_ids else plain_rows).extend(range(row, row + c.num_logit_rows))
             row += c.num_logit_rows

@@ -18,9 +18,10 @@ from __future__ import annotations
 import torch
 
 from kiln.llm.request import Request
+from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.penalties import apply_penalties, apply_top_k_top_p_min_p
 from kiln.llm.sampling.transfer import to_device
-from kiln.llm.scheduler.output import SampledToken
+from kiln.llm.sampling_params import SamplingParams
 
 
 class Sampler:
@@ -35,15 +36,19 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         params = [r.sampling_params for r in requests]
-        if all(p.greedy and not _needs_processing(p, r) for p, r in zip(params, requests, strict=False)):
+        if all(p.greedy and not needs_processing(p, r) for p, r in zip(params, requests, strict=False)):
             return [SampledToken(int(t)) for t in logits.argmax(dim=-1).tolist()]
-        logits = self._process(logits.float(), requests)
+        logits = self.process(logits, requests)
         logprobs = logits.log_softmax(dim=-1) if any(p.logprobs is not None for p in params) else None
         tokens = self._choose(logits, requests)
         return self._results(tokens, logprobs, params)
 
     # ---- logit processing -------------------------------------------------
-    def _process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Logit bias, min_tokens masking and penalties (on a float32 copy
+        when `logits` is not float32; callers that need the input kept pass
+        a clone)."""
+        logits = logits.float()
         vocab = logits.shape[1]
         bias = [(row, t, b) for row, r in enumerate(requests)
                 for t, b in r.sampling_params.logit_bias.items() if 0 <= t < vocab]
@@ -96,10 +101,6 @@ class Sampler:
             scaled = apply_top_k_top_p_min_p(scaled, top_k.long(), top_p, min_p)
         return scaled.softmax(dim=-1)
 
-    def process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Logit bias, min_tokens masking and penalties (float32 copy)."""
-        return self._process(logits.float(), requests)
-
     def generator_for(self, request: Request) -> torch.Generator:
         """The request's own seeded generator, or the shared one."""
         seed = request.sampling_params.seed
@@ -151,8 +152,5 @@ def _banned_for_now(req: Request, vocab: int) -> list[int]:
     return [t for t in ids if t < vocab]
 
 
-def _needs_processing(p, req: Request) -> bool:
+def needs_processing(p: SamplingParams, req: Request) -> bool:
     return bool(p.logit_bias) or p.needs_penalties or p.logprobs is not None or req.num_output_tokens < p.min_tokens
-
-
-needs_processing = _needs_processing  # public name for the speculative verifier

@@ -142,9 +142,8 @@ def test_usage_observer_adds_up_engine_use_and_forwards_every_event():
 
     totals = UsageTotals()
     observer = UsageObserver(Metrics(), totals)
-    step = SimpleNamespace(outputs=SimpleNamespace(stats=SimpleNamespace(step_seconds=0.25)))
-    observer.on_step(step)
-    observer.on_step(SimpleNamespace(outputs=SimpleNamespace(stats=None)))
+    observer.on_step(SimpleNamespace(step_seconds=0.25), [])
+    observer.on_step(None, [0.1])
     observer.on_tokens(None, 3, 1.0)
     observer.on_finished(None, "stop")
     observer.on_failed(None, "abort")

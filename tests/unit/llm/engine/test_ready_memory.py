@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from kiln.llm.engine.core_proc import _memory
+from kiln.llm.engine.loop import _memory
 
 
 def test_single_process_runner_reports_weights_packed_copies_and_kv_pool():

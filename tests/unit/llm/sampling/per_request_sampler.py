@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from kiln.llm.request import Request
+from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.penalties import apply_top_k_top_p_min_p
 from kiln.llm.sampling.sampler import needs_processing as _needs_processing
-from kiln.llm.scheduler.output import SampledToken
 
 
 def token_counts(histories: list[list[int]], vocab: int, device) -> torch.Tensor:
