@@ -94,13 +94,30 @@ class CacheConfig:
             raise ConfigError("num_blocks must be positive", param="num_blocks")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = option(1024, "token budget of one engine step (prefill chunks + decodes)")
     max_num_seqs: int = option(128, "most requests running at once")
     enable_chunked_prefill: bool = option(True, "split long prompts over several steps")
+    scheduling_policy: str = option(
+        "fcfs", "admission order: fcfs (arrival), or priority (lower request priority first, with aging)",
+        SCHEDULING_POLICIES,
+    )
+    priority_aging_s: float = option(
+        10.0, "priority policy: seconds of waiting worth one priority level (bounds starvation; 0: strict)"
+    )
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(
+                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}",
+                param="scheduling_policy",
+            )
+        if not 0 <= self.priority_aging_s < float("inf"):
+            raise ConfigError("priority_aging_s must be a non-negative number", param="priority_aging_s")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
         if self.max_num_seqs < 1:

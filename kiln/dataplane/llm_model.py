@@ -32,6 +32,7 @@ from kiln.errors import ConfigError, InvalidRequestError
 from kiln.llm.engine.async_llm import AsyncLLM
 from kiln.llm.sampling_params import SamplingParams
 from kiln.metrics.server_metrics import LLMMetricFamilies, ServerMetrics
+from kiln.serving.batching.batcher import request_priority
 from kiln.serving.model import AsyncModel, LoadContext
 from kiln.serving.repository.config import TensorSpec
 from kiln.serving.types import InferRequest, InferResponse
@@ -105,8 +106,9 @@ class LLMModel(AsyncModel):
         engine = self._engine()
         rows = _rows(request)
         assert self.served is not None  # _engine() checked it
+        priority = request_priority(request)
         self.served.admit(engine, len(rows))
-        texts = await asyncio.gather(*(_complete(engine, prompt, params) for prompt, params in rows))
+        texts = await asyncio.gather(*(_complete(engine, prompt, params, priority) for prompt, params in rows))
         shape = request.inputs["text_input"].shape
         return {"text_output": _bytes_array([t.encode("utf-8") for t in texts], shape)}
 
@@ -117,15 +119,16 @@ class LLMModel(AsyncModel):
         if len(rows) != 1:
             raise InvalidRequestError(f"a streamed llm request takes one prompt, got {len(rows)}")
         engine = self._engine()
+        priority = request_priority(request)
         assert self.served is not None
         self.served.admit(engine, 1)
-        return self._stream(engine, request, *rows[0])
+        return self._stream(engine, request, *rows[0], priority)
 
     async def _stream(
-        self, engine: AsyncLLM, request: InferRequest, prompt: str, params: SamplingParams
+        self, engine: AsyncLLM, request: InferRequest, prompt: str, params: SamplingParams, priority: int
     ) -> AsyncGenerator[InferResponse, None]:
         shape = request.inputs["text_input"].shape
-        async for out in engine.generate(prompt, params, _request_id()):
+        async for out in engine.generate(prompt, params, _request_id(), priority):
             if out.delta_text or out.finished:
                 outputs = {"text_output": _bytes_array([out.delta_text.encode("utf-8")], shape)}
                 yield InferResponse(request.model_name, request.model_version, outputs, id=request.id,
@@ -137,9 +140,9 @@ class LLMModel(AsyncModel):
         return self.served.ready_engine()
 
 
-async def _complete(engine: AsyncLLM, prompt: str, params: SamplingParams) -> str:
+async def _complete(engine: AsyncLLM, prompt: str, params: SamplingParams, priority: int) -> str:
     text = ""
-    async for out in engine.generate(prompt, params, _request_id()):
+    async for out in engine.generate(prompt, params, _request_id(), priority):
         text = out.outputs[0].text
     return text
 
