@@ -212,8 +212,11 @@ class AsyncLLM:
             self.latest_stats = result.outputs.stats
         if self.observer:
             self.observer.on_step(result.outputs.stats, result.queue_times.values())
+        failed = [o for o in result.outputs.outputs if o.error is not None]
+        for o in failed:  # refused by the engine (a grammar that does not compile): a 400
+            self._fail([o.request_id], InvalidRequestError(o.error or "", param="response_format"))
         try:
-            outputs, to_abort = self.outputs.process(result.outputs.outputs)
+            outputs, to_abort = self.outputs.process([o for o in result.outputs.outputs if o.error is None])
         except Exception as e:
             log.exception("output processing failed")
             self._fail([o.request_id for o in result.outputs.outputs], KilnError(f"output processing failed: {e}"))

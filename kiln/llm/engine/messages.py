@@ -25,6 +25,7 @@ class EngineCoreRequest(msgspec.Struct, frozen=True):
     eos_token_ids: tuple[int, ...] = ()
     priority: int = 0
     arrival_time: float = 0.0
+    pooling: str | None = None  # "last" | "mean": an embedding request (prefill only)
 
 
 class EngineCoreOutput(msgspec.Struct):
@@ -37,6 +38,9 @@ class EngineCoreOutput(msgspec.Struct):
     stop_token_id: int | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    error: str | None = None  # the request failed in the engine (e.g. its grammar did not compile): a 400
+    embedding: list[float] | None = None  # pooled hidden state of an embedding request (not normalised)
+    prompt_logprobs: list[TokenLogprob] | None = None  # for prompt positions not reported before
 
 
 class EngineStats(msgspec.Struct):

@@ -263,6 +263,11 @@ class Scheduler:
                 return
         self.kv.rollback(request)
 
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """End a request the engine core decided is done (its grammar is complete)."""
+        if not request.is_finished:
+            self._finish(request, status)
+
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request in self.running:
             self.running.remove(request)
