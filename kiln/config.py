@@ -286,6 +286,7 @@ def flat_options(config: EngineConfig) -> dict[str, Any]:
 
 
 ENGINE_MODES = ("process", "thread")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")
 PRICE_SCOPES = ("server", "device")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -309,6 +310,10 @@ class ServerConfig:
     max_tensor_request_bytes: int = option(64 * 2**20, "largest KServe v2 request (HTTP body or gRPC message), bytes")
     max_n: int = option(16, "largest n (choices per prompt) of a completion request")
     max_tokens_limit: int | None = option(None, "largest max_tokens a request may ask (default: the context)")
+    tool_call_parser: str = option(
+        "auto", "how chat output becomes tool calls: auto (by each model's chat template), hermes, llama3_json",
+        TOOL_CALL_PARSERS,
+    )
     shutdown_timeout: int = option(30, "seconds in-flight requests get to finish on SIGTERM")
     log_level: str = option("info", "log level", LOG_LEVELS)
     routes_file: str | None = option(
@@ -327,6 +332,8 @@ class ServerConfig:
             raise ConfigError(f"grpc_port must be in [-1, 65535], got {self.grpc_port}", param="grpc_port")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}", param="port")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS}", param="tool_call_parser")
         if self.engine_mode not in ENGINE_MODES:
             raise ConfigError(f"engine_mode must be one of {ENGINE_MODES}", param="engine_mode")
         if self.log_level not in LOG_LEVELS:

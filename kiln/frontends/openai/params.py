@@ -5,6 +5,7 @@ from __future__ import annotations
 from kiln.errors import InvalidRequestError
 from kiln.frontends.openai.protocol import SamplingFields
 from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.structured.spec import GrammarSpec
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, limit: int | None) -> int:
@@ -36,7 +37,10 @@ def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
-def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
+def sampling_params(
+    req: SamplingFields, *, max_tokens: int, logprobs: int | None, choice: int, structured: GrammarSpec | None = None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
     """Choice `i` of a seeded request uses seed + i, so n > 1 gives n different
     samples and the same request gives the same n samples again."""
     return SamplingParams(
@@ -57,4 +61,6 @@ def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | Non
         logit_bias=parse_logit_bias(req.logit_bias),
         include_stop_str_in_output=req.include_stop_str_in_output,
         speculate=req.speculate,
+        structured=structured,
+        prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
     )

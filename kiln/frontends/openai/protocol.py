@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+from kiln.frontends.openai.strict import Strict
+from kiln.frontends.openai.structured import StructuredFields
+from kiln.frontends.openai.tools.protocol import ToolCall, ToolFields
 
 
 class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class SamplingFields(Strict):
-    """Fields shared by completions and chat."""
+class SamplingFields(StructuredFields):
+    """Fields shared by completions and chat (structured outputs: structured.py)."""
 
     model: str | None = None  # None: the server's (only) model
     n: int = 1
@@ -47,12 +47,16 @@ class SamplingFields(Strict):
     priority: int = 0
     # Kiln extra: false opts this request out of speculative decoding
     speculate: bool = True
+    # vLLM extra: logprobs of every prompt token, with this many top alternatives
+    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
 
 
 class TextPart(Strict):
@@ -60,18 +64,28 @@ class TextPart(Strict):
     text: str
 
 
+class MediaPart(Strict):
+    """An image, audio, video or file part: parsed so it can be refused by name."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["image_url", "input_audio", "audio_url", "video_url", "file"]
+
+
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | MediaPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # role tool: the call this result answers
+    refusal: str | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None  # deprecated by OpenAI; max_completion_tokens wins
     max_completion_tokens: int | None = None
