@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kiln.config import EngineConfig
+from kiln.dataplane.embedding import split_embedding_settings
 from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import ConfigError, InvalidRequestError
 from kiln.llm.engine.async_llm import AsyncLLM
@@ -80,13 +81,15 @@ class LLMModel(AsyncModel):
 
     async def load(self, context: LoadContext) -> None:
         name = context.config.name
-        config = EngineConfig.from_flat(**engine_options(context.config.parameters, context.version_dir))
+        embedding, parameters = split_embedding_settings(dict(context.config.parameters))
+        config = EngineConfig.from_flat(**engine_options(parameters, context.version_dir))
         served = ServedLLM(
             name,
             config,
             ServerMetrics(self.families, name),
             engine_mode=self.engine_mode,
             max_queued_requests=self.max_queued_requests,
+            embedding=embedding,
         )
         self.served = served
         await served.load()

@@ -12,8 +12,16 @@ import logging
 import time
 
 from kiln.config import EngineConfig
+from kiln.dataplane.embedding import EmbeddingSettings
 from kiln.dataplane.usage import UsageObserver
-from kiln.errors import EngineDeadError, KilnError, ModelLoadingError, ModelUnavailableError, OverloadedError
+from kiln.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    KilnError,
+    ModelLoadingError,
+    ModelUnavailableError,
+    OverloadedError,
+)
 from kiln.llm.engine.async_llm import AsyncLLM
 from kiln.metrics.cost import UsageTotals
 from kiln.metrics.server_metrics import ServerMetrics
@@ -32,8 +40,10 @@ class ServedLLM:
         *,
         engine_mode: str = "process",
         max_queued_requests: int | None = None,
+        embedding: EmbeddingSettings | None = None,
     ):
         self.name = name
+        self.embedding = embedding or EmbeddingSettings()
         self.config = config
         self.engine_mode = engine_mode
         self.max_queued_requests = max_queued_requests
@@ -89,6 +99,12 @@ class ServedLLM:
         if self.draining:
             raise ModelUnavailableError(f"model {self.name!r} is being replaced or unloaded; retry")
         return engine
+
+    def generation_engine(self) -> AsyncLLM:
+        """`ready_engine`, for completions and chat (an embedding-only model refuses them)."""
+        if self.embedding.embedding_only:
+            raise InvalidRequestError(f"model {self.name!r} serves embeddings only (/v1/embeddings)", param="model")
+        return self.ready_engine()
 
     def admit(self, engine: AsyncLLM, num_requests: int) -> None:
         """Refuse at once when the queue (requests with no token yet) is full.

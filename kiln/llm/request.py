@@ -59,6 +59,11 @@ class Request:
     seq: int = field(default_factory=lambda: next(_arrivals))  # tie-break of equal sort keys: arrival order
 
     @property
+    def needs_every_position(self) -> bool:
+        """Its prompt's every position feeds an output (embedding, prompt logprobs): no prefix-cache reuse."""
+        return self.prefill_only or self.sampling_params.prompt_logprobs is not None
+
+    @property
     def prefill_only(self) -> bool:
         """Runs its prompt and finishes: an embedding, or prompt scoring (max_tokens 0)."""
         return self.pooling is not None or self.sampling_params.max_tokens == 0

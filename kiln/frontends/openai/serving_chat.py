@@ -100,7 +100,7 @@ class ChatServing:
     def _submit(self, req: ChatCompletionRequest, served: ServedLLM, plan: ToolPlan) -> Submitted:
         """Apply the model's chat template, validate, admit and submit every choice."""
         settings = self.dataplane.config
-        engine = served.ready_engine()
+        engine = served.generation_engine()
         check_n(req.n, settings.max_n)
         structured = grammar_spec(req)
         check_against_structured(plan, structured[0] if structured else None)

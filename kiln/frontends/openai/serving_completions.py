@@ -102,7 +102,7 @@ class CompletionServing:
     def _submit(self, req: CompletionRequest, served: ServedLLM) -> Submitted:
         """Validate against the engine, admit and submit every choice of every prompt."""
         settings = self.dataplane.config
-        engine = served.ready_engine()
+        engine = served.generation_engine()
         per_prompt = candidates_per_prompt(req, settings.max_n)
         structured = grammar_spec(req)
         spec = structured[1] if structured else None

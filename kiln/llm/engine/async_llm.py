@@ -174,13 +174,16 @@ class AsyncLLM:
         return len(self._streams)
 
     # ---- requests ------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0) -> RequestStream:
-        """Validate and submit; errors (bad input, dead engine) raise here, before any output."""
+    def add_request(
+        self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0, pooling: str | None = None
+    ) -> RequestStream:
+        """Validate and submit; errors (bad input, dead engine) raise here, before any output.
+        With `pooling` ("last" | "mean") the request is an embedding: one output, its vector."""
         if self.dead_message is not None:
             raise EngineDeadError(f"the engine is not running: {self.dead_message}")
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
-        text, msg = self.inputs.process(request_id, prompt, params, priority)
+        text, msg = self.inputs.process(request_id, prompt, params, priority, pooling)
         stream = RequestStream(request_id, self.abort)
         self._streams[request_id] = stream
         self._times[request_id] = RequestTimes(time.monotonic(), len(msg.prompt_token_ids))

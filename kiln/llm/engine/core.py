@@ -48,7 +48,12 @@ class EngineCore:
             arrival_time=msg.arrival_time or time.monotonic(),
             pooling=msg.pooling,
         )
-        if request.sampling_params.structured is None:
+        if (request.prefill_only or request.sampling_params.prompt_logprobs is not None) and not getattr(
+            self.runner, "supports_prompt_outputs", False
+        ):
+            self._fail(request, "embeddings and prompt logprobs are not supported with tensor or pipeline "
+                       "parallelism")
+        elif request.sampling_params.structured is None:
             self.scheduler.add_request(request)
         elif self.structured is None:
             self._fail(request, "structured outputs are not available on this engine")
@@ -63,7 +68,7 @@ class EngineCore:
             if self.structured is not None:
                 self.structured.forget(rid)
             if self.scheduler.abort(rid) is not None:
-                self.runner.sampler.forget(rid)
+                self._forget(rid)
 
     def has_unfinished(self) -> bool:
         pending = self.structured is not None and bool(self.structured.pending)
@@ -137,6 +142,9 @@ class EngineCore:
 
     def _forget(self, request_id: str) -> None:
         self.runner.sampler.forget(request_id)
+        pooler = getattr(self.runner, "pooler", None)
+        if pooler is not None:
+            pooler.forget(request_id)
         if self.structured is not None:
             self.structured.forget(request_id)
 

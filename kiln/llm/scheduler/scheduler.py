@@ -12,9 +12,9 @@ waiting request may also preempt running ones of strictly lower priority to
 get in.
 
 Prefill-only requests (embeddings, scoring a prompt with max_tokens 0) run
-their prompt like any other, skip the prefix-cache lookup (every position
-must be computed), and finish when the prompt is done: they never sample
-and never hold a block for a decode.
+their prompt like any other and finish when the prompt is done: they never
+sample and never hold a block for a decode. They, and requests asking for
+prompt logprobs, skip the prefix-cache lookup (every position is computed).
 
 Speculative decoding: a decoding request may carry draft tokens
 (`Request.spec_token_ids`); it is then scheduled for 1 + drafts tokens
@@ -176,7 +176,7 @@ class Scheduler:
                     break
                 budget += freed
                 continue
-            hit = PrefixHit([], 0) if request.prefill_only else self.kv.find_prefix(request)
+            hit = PrefixHit([], 0) if request.needs_every_position else self.kv.find_prefix(request)
             remaining = request.num_tokens - hit.num_tokens
             num_new = min(remaining, budget)
             if num_new < remaining and not self.config.enable_chunked_prefill:
