@@ -45,7 +45,7 @@ class Tokenizer:
         return text
 
     def render_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
     ) -> str:
         """The prompt text the model's chat template makes of `messages` (and `tools`, if it renders them)."""
         if self.chat_template is None:
@@ -59,7 +59,7 @@ class Tokenizer:
         return str(text)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
     ) -> list[int]:
         # The template writes any BOS itself, so no special tokens are added
         # (this is what transformers' own tokenize=True path does).

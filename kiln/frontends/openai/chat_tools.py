@@ -9,6 +9,7 @@ from kiln.frontends.openai.tools.choice import ToolPlan
 from kiln.frontends.openai.tools.parsers import Content, Event, ToolArgs, ToolStart, ToolStream, parse
 from kiln.llm.tokenizer import Tokenizer
 
+
 def tool_parser(tokenizer: Tokenizer, configured: str) -> str:
     """The parser of the model's family: as configured, or read off its chat template."""
     if configured != "auto":

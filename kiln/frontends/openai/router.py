@@ -11,12 +11,14 @@ from kiln.dataplane.dataplane import DataPlane
 from kiln.frontends.openai import serving_tokens
 from kiln.frontends.openai.serving_chat import ChatServing
 from kiln.frontends.openai.serving_completions import CompletionServing
+from kiln.frontends.openai.serving_embeddings import EmbeddingServing
 
 
 def openai_router(dataplane: DataPlane) -> APIRouter:
     router = APIRouter()
     completions = CompletionServing(dataplane)
     chat = ChatServing(dataplane)
+    embeddings = EmbeddingServing(dataplane)
     started = int(time.time())
 
     @router.post("/v1/completions")
@@ -26,6 +28,10 @@ def openai_router(dataplane: DataPlane) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Response:
         return await chat.create(request)
+
+    @router.post("/v1/embeddings")
+    async def create_embeddings(request: Request) -> Response:
+        return await embeddings.create(request)
 
     @router.get("/v1/models")
     async def models() -> dict:

@@ -15,10 +15,6 @@ from kiln.frontends.openai.common import Usage, finish_fields, new_id, now_s, pa
 from kiln.frontends.openai.logprobs import TokenTexts, chat_logprobs
 from kiln.frontends.openai.params import check_n, resolve_max_tokens, sampling_params
 from kiln.frontends.openai.protocol import ChatCompletionRequest, ChatMessage, MediaPart
-from kiln.frontends.openai.structured import grammar_spec
-from kiln.frontends.openai.tools.choice import ToolPlan, check_against_structured, plan_tools
-from kiln.frontends.openai.tools.prompt import message_dict, template_knows_tools, tool_dicts, with_tools_described
-from kiln.frontends.openai.tools.protocol import Tool
 from kiln.frontends.openai.streaming import stream_events
 from kiln.frontends.openai.streams import (
     ClientGone,
@@ -29,6 +25,10 @@ from kiln.frontends.openai.streams import (
     submit_group,
     unless_disconnected,
 )
+from kiln.frontends.openai.structured import grammar_spec
+from kiln.frontends.openai.tools.choice import ToolPlan, check_against_structured, plan_tools
+from kiln.frontends.openai.tools.prompt import message_dict, template_knows_tools, tool_dicts, with_tools_described
+from kiln.frontends.openai.tools.protocol import Tool
 from kiln.frontends.routing import report_target, route_key, with_target
 from kiln.frontends.sse import SSEResponse
 from kiln.llm.outputs import RequestOutput

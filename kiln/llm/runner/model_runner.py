@@ -98,13 +98,13 @@ class ModelRunner:
         out = RunnerOutput()
         for c, first in inputs.chunk_rows:
             request = c.request
-            rows = hidden[first : first + c.num_tokens]
+            chunk_hidden = hidden[first : first + c.num_tokens]
             if request.sampling_params.prompt_logprobs is not None and c.start < request.num_prompt_tokens:
-                entries = prompt_logprobs(self.model.compute_logits, rows, request, c.start, c.num_tokens)
+                entries = prompt_logprobs(self.model.compute_logits, chunk_hidden, request, c.start, c.num_tokens)
                 if entries:
                     out.prompt_logprobs[request.request_id] = entries
             if request.pooling is not None:
-                vector = self.pooler.add(request, rows, c.start, c.sample)
+                vector = self.pooler.add(request, chunk_hidden, c.start, c.sample)
                 if vector is not None:
                     out.embeddings[request.request_id] = vector
         rows: list[int] = []

@@ -81,7 +81,9 @@ class GrammarBackend:
 
 def _compile(compiler: xgrammar.GrammarCompiler, spec: GrammarSpec) -> Any:
     if spec.kind == "json":
-        return compiler.compile_json_schema(spec.value, strict_mode=True, any_whitespace=True, max_whitespace_cnt=MAX_WHITESPACE)
+        return compiler.compile_json_schema(
+            spec.value, strict_mode=True, any_whitespace=True, max_whitespace_cnt=MAX_WHITESPACE
+        )
     if spec.kind == "json_object":
         return compiler.compile_json_schema('{"type": "object"}', strict_mode=False, any_whitespace=True,
                                             max_whitespace_cnt=MAX_WHITESPACE)

@@ -38,11 +38,11 @@ def plan_tools(req: ToolFields, parser: str) -> ToolPlan:
     names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
         raise InvalidRequestError("tools must have distinct function names", param="tools")
-    for i, tool in enumerate(tools):
-        if tool.function.parameters is not None:
+    for i, given in enumerate(tools):
+        if given.function.parameters is not None:
             from kiln.llm.structured.validate import check_json_schema
 
-            check_json_schema(tool.function.parameters, f"tools[{i}].function.parameters")
+            check_json_schema(given.function.parameters, f"tools[{i}].function.parameters")
     choice = req.tool_choice or ("auto" if tools else "none")
     if choice == "none":
         return ToolPlan()

@@ -83,16 +83,15 @@ class ObjectScanner:
             elif ch in "{[":
                 self.depth += 1
             self.expect = "after_value"
-        elif self.expect == "after_value":
-            if ch in ",}":
-                if self.value_start is not None and self.value_end is None and self.key in self.value_keys:
-                    self.value_end = self.pos
-                    while self.value_end > self.value_start and self.text[self.value_end - 1].isspace():
-                        self.value_end -= 1
-                if ch == "}":
-                    self._close()
-                else:
-                    self.expect = "key"
+        elif self.expect == "after_value" and ch in ",}":
+            if self.value_start is not None and self.value_end is None and self.key in self.value_keys:
+                self.value_end = self.pos
+                while self.value_end > self.value_start and self.text[self.value_end - 1].isspace():
+                    self.value_end -= 1
+            if ch == "}":
+                self._close()
+            else:
+                self.expect = "key"
 
     def _nested(self, ch: str) -> None:
         if ch == '"':

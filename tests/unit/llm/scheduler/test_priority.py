@@ -62,7 +62,8 @@ def test_lowest_priority_running_request_is_preempted_first():
     # 5th token. The high-priority value (worst) request goes, although it was
     # admitted first.
     sched, kv, runner = make(num_blocks=4)
-    low, mid, high = req("low", 9, 0.0, max_tokens=6), req("mid", 5, 1.0, max_tokens=6), req("high", 0, 2.0, max_tokens=6)
+    low, mid = req("low", 9, 0.0, max_tokens=6), req("mid", 5, 1.0, max_tokens=6)
+    high = req("high", 0, 2.0, max_tokens=6)
     for r in (low, mid, high):
         sched.add_request(r)
     out = sched.schedule()
