@@ -8,7 +8,10 @@ KServe v2 contract:
     outputs  text_output BYTES [1]
 With max_batch_size > 0 each input has a batch dimension in front; every row
 is its own engine request. Request parameter `stream: true` (gRPC
-ModelStreamInfer) streams one response per new piece of text.
+ModelStreamInfer) streams one response per new piece of text. Structured
+outputs, as the OpenAI routes' vLLM names: one of the string parameters
+`guided_json` (a JSON schema), `guided_regex`, `guided_grammar` (EBNF or
+Lark), applied to every row.
 
 Engine options come from the config's `parameters` (`dtype`,
 `kv_cache_memory_gib`, ...) plus `model`: a path inside the version
@@ -32,6 +35,8 @@ from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import ConfigError, InvalidRequestError
 from kiln.llm.engine.async_llm import AsyncLLM
 from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.structured.spec import GrammarSpec, grammar_syntax
+from kiln.llm.structured.validate import check_spec
 from kiln.metrics.server_metrics import LLMMetricFamilies, ServerMetrics
 from kiln.serving.batching.batcher import request_priority
 from kiln.serving.model import AsyncModel, LoadContext
@@ -159,10 +164,29 @@ def _rows(request: InferRequest) -> list[tuple[str, SamplingParams]]:
     prompts = request.inputs["text_input"].reshape(-1)
     max_tokens = _column(request, "max_tokens", len(prompts), DEFAULT_MAX_TOKENS)
     temperature = _column(request, "temperature", len(prompts), 0.0)
+    structured = _structured(request.parameters)
     return [
-        (_text(p), SamplingParams(max_tokens=int(m), temperature=float(t)))
+        (_text(p), SamplingParams(max_tokens=int(m), temperature=float(t), structured=structured))
         for p, m, t in zip(prompts, max_tokens, temperature, strict=True)
     ]
+
+
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_grammar": ""}
+
+
+def _structured(parameters: dict[str, Any]) -> GrammarSpec | None:
+    """The request's one structured-output constraint (checked: a bad one is a 400 naming it)."""
+    given = [name for name in GUIDED if name in parameters]
+    if len(given) > 1:
+        raise InvalidRequestError(f"set at most one of {', '.join(given)}", param=given[1])
+    if not given:
+        return None
+    name, value = given[0], parameters[given[0]]
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"parameter {name} must be a string", param=name)
+    spec = GrammarSpec(GUIDED[name] or grammar_syntax(value), value)
+    check_spec(spec, name)
+    return spec
 
 
 def _column(request: InferRequest, name: str, rows: int, default: float) -> list[Any]:

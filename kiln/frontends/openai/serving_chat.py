@@ -57,12 +57,12 @@ def check_messages(messages: list[ChatMessage], model: str) -> None:
                     raise InvalidRequestError(
                         f"model {model!r} does not support {part.type} content (it has no vision or audio "
                         "encoder); send text only",
-                        param=f"messages[{i}].content[{j}]",
+                        param=f"messages.{i}.content.{j}",
                     )
         if m.role == "tool" and not m.tool_call_id:
-            raise InvalidRequestError("a tool message needs tool_call_id", param=f"messages[{i}].tool_call_id")
+            raise InvalidRequestError("a tool message needs tool_call_id", param=f"messages.{i}.tool_call_id")
         if m.tool_calls and m.role != "assistant":
-            raise InvalidRequestError("only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
+            raise InvalidRequestError("only assistant messages carry tool_calls", param=f"messages.{i}.tool_calls")
 
 
 def chat_logprobs_count(req: ChatCompletionRequest) -> int | None:

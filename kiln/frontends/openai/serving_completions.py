@@ -45,12 +45,12 @@ from kiln.llm.outputs import RequestOutput
 from kiln.llm.tokenizer import Tokenizer
 
 
-def split_prompts(prompt: str | list) -> list[str | list[int]]:
+def split_prompts(prompt: str | list, field: str = "prompt") -> list[str | list[int]]:
     """One prompt or a batch: a string, strings, token ids, or lists of token ids."""
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
-        raise InvalidRequestError("prompt must not be empty", param="prompt")
+        raise InvalidRequestError(f"{field} must not be empty", param=field)
     return [prompt] if isinstance(prompt[0], int) else list(prompt)
 
 

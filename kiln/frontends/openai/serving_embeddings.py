@@ -85,7 +85,7 @@ class EmbeddingServing:
                 f"model {served.name!r} does not support dimensions (it is not a matryoshka embedding model)",
                 param="dimensions",
             )
-        prompts = [engine.inputs.tokenize(p)[1] for p in split_prompts(req.input)]
+        prompts = [engine.inputs.tokenize(p)[1] for p in split_prompts(req.input, "input")]
         served.admit(engine, len(prompts))
         group = new_id("embd")
         pooling = req.pooling or settings.pooling

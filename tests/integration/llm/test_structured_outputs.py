@@ -46,10 +46,12 @@ def test_every_json_output_validates(make_smollm2_engine, spec_method, modes):
 def test_json_object_regex_ebnf_lark_and_choice(make_smollm2_engine):
     llm = make_smollm2_engine(kv_cache_memory_gib=0.25)
     cases = [
-        (GrammarSpec("json_object"), "Give a small JSON object about a cat.", lambda t: isinstance(json.loads(t), dict)),
+        (GrammarSpec("json_object"), "Give a small JSON object about a cat.",
+         lambda t: isinstance(json.loads(t), dict)),
         (GrammarSpec("regex", r"[A-Z]{3}-[0-9]{2,4}"), "Invent a flight code.",
          lambda t: re.fullmatch(r"[A-Z]{3}-[0-9]{2,4}", t)),
-        (GrammarSpec("ebnf", 'root ::= "yes" | "no" | "maybe"'), "Is the sky blue?", lambda t: t in ("yes", "no", "maybe")),
+        (GrammarSpec("ebnf", 'root ::= "yes" | "no" | "maybe"'), "Is the sky blue?",
+         lambda t: t in ("yes", "no", "maybe")),
         (GrammarSpec("lark", 'start: NUMBER " apples"\nNUMBER: /[1-9][0-9]?/'), "How many apples?",
          lambda t: re.fullmatch(r"[1-9][0-9]? apples", t)),
     ]

@@ -70,7 +70,7 @@ def test_chat_message_content_parts_and_roles():
         {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]})
     with pytest.raises(InvalidRequestError, match="model 'tiny' does not support image_url") as refused:
         check_messages(image.messages, "tiny")
-    assert refused.value.param == "messages[0].content[1]"
+    assert refused.value.param == "messages.0.content.1"
 
 
 def test_error_response_shape_and_retry_after():
