@@ -13,6 +13,8 @@ no state.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncGenerator
@@ -21,9 +23,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from kiln.config import EngineConfig, ServerConfig, flat_options
+from kiln.dataplane.autoscale import AutoscaleMonitor
 from kiln.dataplane.llm_model import LLMModel
+from kiln.dataplane.load import SourceLoad, version_load
 from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import DrainingError, InvalidRequestError, ModelNotFoundError
+from kiln.metrics.desired_replicas import HintConfig
 from kiln.metrics.device import DeviceCollector
 from kiln.metrics.process import ProcessCollector
 from kiln.metrics.server_metrics import LLMMetricFamilies
@@ -32,6 +37,7 @@ from kiln.serving.codecs.limits import Limits
 from kiln.serving.metrics import ServingMetrics
 from kiln.serving.repository.config import RepositoryModelConfig
 from kiln.serving.repository.manager import ModelManager
+from kiln.serving.repository.version import LoadedVersion
 from kiln.serving.stats import ModelStats
 from kiln.serving.types import InferRequest, InferResponse
 
@@ -51,6 +57,9 @@ class DataPlane:
         self.device_metrics = DeviceCollector(model_name="")
         if self.device_metrics.available:
             self.registry.register(self.device_metrics)
+        self.autoscale = AutoscaleMonitor(self.loads, hint_config(config))
+        self.registry.register(self.autoscale)
+        self._sampling: asyncio.Task | None = None
         self.command_line_models: list[str] = []  # their load failure stops the server
         self.draining = False
         self.started = False
@@ -72,6 +81,8 @@ class DataPlane:
     # ---- life cycle ----------------------------------------------------------
     async def start(self) -> dict[str, str]:
         """Load every model; returns {model: error} for those that failed."""
+        if self._sampling is None:
+            self._sampling = asyncio.create_task(self.autoscale.run())
         errors = await self.models.load_all()
         for name, message in errors.items():
             log.error("model %s is unavailable: %s", name, message)
@@ -79,6 +90,11 @@ class DataPlane:
         return errors
 
     async def shutdown(self) -> None:
+        if self._sampling is not None:
+            self._sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampling
+            self._sampling = None
         await self.models.close()
 
     # ---- health --------------------------------------------------------------
@@ -206,6 +222,11 @@ class DataPlane:
         await self.models.unload(name, bool(parameters.get("unload_dependents", False)))
 
     # ---- metrics -------------------------------------------------------------
+    def loads(self) -> dict[str, list[SourceLoad]]:
+        """Every loaded model's load now: per version, its LLM engine's or its own."""
+        loaded = self.models.loaded_versions()
+        return {name: [_version_source(v) for v in versions] for name, versions in loaded.items()}
+
     def _pids(self) -> dict[tuple[str, str], int | None]:
         pids: dict[tuple[str, str], int | None] = {}
         for name in self.llm_names():
@@ -214,6 +235,23 @@ class DataPlane:
             for role, pid in (served.pids() if served is not None else {}).items():
                 pids[(name, role)] = pid
         return pids or {("", "api"): os.getpid()}
+
+
+def _version_source(version: LoadedVersion) -> SourceLoad:
+    # An LLM's requests reach its engine from the OpenAI routes too, not only through the version.
+    model = version.async_model
+    if isinstance(model, LLMModel) and model.served is not None:
+        return model.served.current_load()
+    return version_load(version)
+
+
+def hint_config(config: ServerConfig) -> HintConfig:
+    return HintConfig(
+        target_requests=config.autoscale_target_requests,
+        smoothing_s=config.autoscale_smoothing_s,
+        downscale_window_s=config.autoscale_downscale_window_s,
+        backlog_drain_s=config.autoscale_backlog_drain_s,
+    )
 
 
 def _parse_override(value: Any, limits: Limits) -> dict[str, Any]:
