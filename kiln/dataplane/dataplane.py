@@ -99,7 +99,8 @@ class DataPlane:
 
     # ---- health --------------------------------------------------------------
     def live(self) -> bool:
-        return True
+        """False once an engine died: it never comes back in this process, so it must restart."""
+        return "dead" not in self.model_states().values()
 
     def model_states(self) -> dict[str, str]:
         """Every model's state: ready, loading, unavailable, unloading, dead (an LLM engine died)."""
