@@ -128,16 +128,19 @@ def run(server: ServerConfig, llm: EngineConfig | None, ray: RayServeConfig) -> 
     import ray as ray_core
 
     ray_core.init(address=ray.ray_address, include_dashboard=False)
-    serve.start(http_options={"host": server.host, "port": server.port})
-    serve.run(application(server, llm, ray), name=ray.ray_app_name, route_prefix=ray.ray_route_prefix)
-    log.info("Kiln on Ray Serve at http://%s:%d%s", server.host, server.port, ray.ray_route_prefix)
+    # After ray.init, which installs its own SIGTERM handler; a signal while the
+    # application deploys deletes it once deployed.
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        serve.start(http_options={"host": server.host, "port": server.port})
+        serve.run(application(server, llm, ray), name=ray.ray_app_name, route_prefix=ray.ray_route_prefix)
+        log.info("Kiln on Ray Serve at http://%s:%d%s", server.host, server.port, ray.ray_route_prefix)
         stop.wait()
+        log.info("stopping: deleting application %s (its replicas drain)", ray.ray_app_name)
+        serve.delete(ray.ray_app_name)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        serve.delete(ray.ray_app_name)
         ray_core.shutdown()
     return 0

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 import pytest
+import yaml
 
 from kiln.config import EngineConfig, ServerConfig
 from tests.integration.openai.live import free_port
@@ -44,8 +47,31 @@ FAST_METRICS = {  # how often replicas and handles report load to Ray's autoscal
 }
 
 
+DOUBLE_PY = """
+from kiln.serving.model import Model
+
+class Double(Model):
+    def execute(self, requests):
+        return [{"OUT": r.inputs["IN"] * 2} for r in requests]
+"""
+
+
 @pytest.fixture(scope="module")
-def proxy(tiny_llama_dir):
+def repository(tmp_path_factory):
+    """A model repository with one python model, served beside the LLM."""
+    root = tmp_path_factory.mktemp("repo")
+    (root / "double" / "1").mkdir(parents=True)
+    (root / "double" / "1" / "model.py").write_text(DOUBLE_PY)
+    (root / "double" / "config.yaml").write_text(yaml.safe_dump({
+        "backend": "python", "max_batch_size": 4,
+        "inputs": [{"name": "IN", "datatype": "FP32", "dims": [2]}],
+        "outputs": [{"name": "OUT", "datatype": "FP32", "dims": [2]}],
+    }))
+    return root
+
+
+@pytest.fixture(scope="module")
+def proxy(tiny_llama_dir, repository):
     """The Serve proxy's URL, with the Kiln application deployed (1 replica)."""
     from kiln.deploy.ray_config import RayServeConfig
     from kiln.deploy.ray_serve import application
@@ -57,7 +83,8 @@ def proxy(tiny_llama_dir):
     port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        server = ServerConfig(served_model_name="tiny", shutdown_timeout=20, autoscale_target_requests=2)
+        server = ServerConfig(served_model_name="tiny", model_repository=str(repository), shutdown_timeout=20,
+                              autoscale_target_requests=2)
         llm = EngineConfig.from_flat(model=str(tiny_llama_dir), kv_cache_memory_gib=0.02, max_model_len=512)
         scaling = RayServeConfig(ray_min_replicas=1, ray_max_replicas=MAX_REPLICAS, ray_upscale_delay_s=1.0,
                                  ray_downscale_delay_s=3.0, ray_look_back_period_s=2.0, ray_max_ongoing_requests=4)
@@ -85,7 +112,10 @@ def complete(client: httpx.Client, url: str, max_tokens: int = MAX_TOKENS) -> ht
 
 def test_routes_answer_through_the_proxy(proxy):
     with httpx.Client(timeout=60) as client:
-        assert client.get(f"{proxy}/health").json()["models"] == {"tiny": "ready"}
+        assert client.get(f"{proxy}/health").json()["models"] == {"tiny": "ready", "double": "ready"}
+        tensor = {"name": "IN", "datatype": "FP32", "shape": [1, 2], "data": [1.5, -2.0]}
+        doubled = client.post(f"{proxy}/v2/models/double/infer", json={"inputs": [tensor]})
+        assert doubled.status_code == 200 and doubled.json()["outputs"][0]["data"] == [3.0, -4.0]
         r = complete(client, proxy, max_tokens=8)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
         assert r.headers["x-kiln-replica"]
@@ -224,3 +254,37 @@ def test_a_killed_replica_fails_its_requests_and_is_replaced(proxy):
             time.sleep(1)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert [p.pid for p in replica_processes()] != [victim.pid]
+
+
+def test_kiln_serve_ray_deploys_and_drains_on_sigterm(proxy, tiny_llama_dir, tmp_path):
+    """The CLI path: `kiln serve --ray` joins the running cluster, serves its own application
+    under a route prefix, and on SIGTERM deletes it (replicas drain) and exits 0."""
+    address = ray.get_runtime_context().gcs_address
+    log = tmp_path / "kiln-ray.log"
+    command = [sys.executable, "-m", "kiln.cli.main", "serve", str(tiny_llama_dir), "--served-model-name", "cli",
+               "--kv-cache-memory-gib", "0.02", "--max-model-len", "128", "--ray", "--ray-address", address,
+               "--ray-app-name", "cli", "--ray-route-prefix", "/cli", "--ray-max-replicas", "1"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline, answer = time.monotonic() + 180, None
+        with httpx.Client(timeout=30) as client:
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    body = {"model": "cli", "prompt": "Hi", "max_tokens": 3}
+                    r = client.post(f"{proxy}/cli/v1/completions", json=body)
+                    if r.status_code == 200:
+                        answer = r.json()
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+        assert answer is not None and answer["usage"]["completion_tokens"] == 3, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+        assert "cli" not in serve.status().applications
+        assert APP in serve.status().applications  # the other application serves on
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
