@@ -25,10 +25,10 @@ import logging
 import signal
 import threading
 import typing
-from typing import Any
+from typing import Any, cast
 
 from ray import serve
-from ray.serve import Application
+from ray.serve import Application, Deployment
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kiln.config import EngineConfig, ServerConfig
@@ -46,7 +46,7 @@ REPLICA_HEADER = "x-kiln-replica"  # which replica answered (logs, debugging, te
 class KilnReplica:
     """One Kiln server inside a Ray Serve replica."""
 
-    async def __init__(self, server: ServerConfig, llm: EngineConfig | None):
+    async def __init__(self, server: ServerConfig, llm: EngineConfig | None):  # type: ignore[misc]  # Ray awaits it
         self.dataplane = build_dataplane(dataclasses.replace(server, grpc_port=-1), llm)
         errors = await self.dataplane.start()
         fatal = [f"{name}: {errors[name]}" for name in self.dataplane.command_line_models if name in errors]
@@ -92,7 +92,8 @@ class ReplicaHeader:
 def application(server: ServerConfig, llm: EngineConfig | None, ray: RayServeConfig) -> Application:
     """The Ray Serve application of Kiln replicas (deploy it with `serve.run`)."""
     world_size = llm.parallel.world_size if llm is not None else 1
-    deployment = serve.deployment(KilnReplica, name="kiln").options(**deployment_options(ray, server, world_size))
+    deployment = cast(Deployment, serve.deployment(KilnReplica))  # the ingress decorator hides the class from mypy
+    deployment = deployment.options(name="kiln", **deployment_options(ray, server, world_size))
     return deployment.bind(server, llm)
 
 

@@ -39,7 +39,7 @@ def test_ray_accepts_the_options():
 
     ray = RayServeConfig(ray_autoscaling_policy="kiln-hint", ray_initial_replicas=2)
     options = deployment_options(ray, ServerConfig(), world_size=2)
-    deployment = serve.deployment(KilnReplica, name="kiln").options(**options)
+    deployment = serve.deployment(KilnReplica).options(name="kiln", **options)
     config = deployment._deployment_config.autoscaling_config
     assert (config.min_replicas, config.initial_replicas, config.max_replicas) == (1, 2, 4)
     assert config.policy.policy_function == HINT_POLICY
