@@ -12,6 +12,7 @@ read as a burst or a drop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from prometheus_client.registry import Collector
 
 from kiln.dataplane.load import SourceLoad
 from kiln.metrics.desired_replicas import DesiredReplicas, HintConfig, LoadSample
+
+log = logging.getLogger(__name__)
 
 SAMPLE_PERIOD_S = 1.0
 LABELS = ["model_name"]
@@ -42,6 +45,8 @@ class ModelTotals:
         seen = {}
         for source in sources:
             before = self._seen.get(source.key, SourceLoad(key=source.key))
+            if source.finished < before.finished or source.rejected < before.rejected:
+                before = SourceLoad(key=source.key)  # a new object under a reused id: all it did is new
             self.finished += source.finished - before.finished
             self.arrivals += (source.finished + source.rejected) - (before.finished + before.rejected)
             self.latency_s += source.latency_s - before.latency_s
@@ -76,7 +81,10 @@ class AutoscaleMonitor(Collector):
 
     async def run(self, period_s: float = SAMPLE_PERIOD_S) -> None:
         while True:
-            self.sample()
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - a bad sample must not stop the sampling
+                log.exception("autoscaling metrics: sampling failed")
             await asyncio.sleep(period_s)
 
     def desired_replicas(self) -> dict[str, float]:

@@ -81,7 +81,11 @@ class Smoothed:
     latency_s: float | None = None
 
     def service_s(self) -> float | None:
-        """Mean seconds a request spends in service, or None before anything finished."""
+        """Mean seconds a request spends in service, or None before anything finished.
+
+        `busy` is sampled (once a second in the data plane): an unbiased estimate of the mean
+        requests in service, noisy only while few short requests run.
+        """
         if self.latency_s is None:
             return None
         if self.completion_rate <= 0.0:

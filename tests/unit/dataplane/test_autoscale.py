@@ -117,3 +117,12 @@ def test_oldest_pending_age_is_the_oldest_request_without_a_token():
     engine._times = {"a": RequestTimes(now - 2.0, 3), "b": RequestTimes(now - 5.0, 3), "c": RequestTimes(now - 1.0, 3)}
     engine._pending = {"a", "c"}  # b has its first token
     assert engine.oldest_pending_age() == pytest.approx(2.0, abs=0.5)
+
+
+def test_a_new_source_under_a_reused_key_only_adds():
+    state = {"m": [SourceLoad(key=7, finished=50, latency_s=100.0)]}
+    monitor = AutoscaleMonitor(lambda: state, HintConfig())
+    monitor.sample()
+    state["m"] = [SourceLoad(key=7, finished=3, latency_s=6.0)]  # a new engine that got the old one's id()
+    monitor.sample()
+    assert monitor.totals["m"].finished == 53 and monitor.totals["m"].latency_s == pytest.approx(106.0)
