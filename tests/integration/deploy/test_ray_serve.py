@@ -41,9 +41,11 @@ pytestmark = [
 APP = "kiln"
 MAX_REPLICAS = 3
 MAX_TOKENS = 32
-FAST_METRICS = {  # how often replicas and handles report load to Ray's autoscaler
+RAY_ENV = {
+    # how often replicas and handles report load to Ray's autoscaler
     "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
     "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+    "RAY_USAGE_STATS_ENABLED": "0",  # the test cluster sends nothing off this machine
 }
 
 
@@ -76,10 +78,10 @@ def proxy(tiny_llama_dir, repository):
     from kiln.deploy.ray_config import RayServeConfig
     from kiln.deploy.ray_serve import application
 
-    saved = {k: os.environ.get(k) for k in FAST_METRICS}
-    os.environ.update(FAST_METRICS)
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)
     ray.init(num_cpus=MAX_REPLICAS, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", **FAST_METRICS}})
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", **RAY_ENV}})
     port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
