@@ -126,8 +126,11 @@ def _typed_engine_options(args: dict[str, Any]) -> dict[str, Any]:
 def run(server: ServerConfig, llm: EngineConfig | None, ray: RayServeConfig) -> int:
     """`kiln serve --ray`: deploy on Ray Serve (its proxy on --host/--port) and
     block until SIGTERM/SIGINT, then delete the application (replicas drain)."""
+    import os
+
     import ray as ray_core
 
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a cluster Kiln starts reports nothing outside
     ray_core.init(address=ray.ray_address, include_dashboard=False)
     # After ray.init, which installs its own SIGTERM handler; a signal while the
     # application deploys deletes it once deployed.
