@@ -1,4 +1,4 @@
-"""The `kiln` command: serve, generate, worker, repo validate, bench serve, bench infer.
+"""The `kiln` command: serve, generate, worker, repo validate, bench serve, bench infer, analyze.
 
 Engine flags are derived from EngineConfig's dataclass fields (one flag per
 field, `--block-size` for `block_size`) and server flags from ServerConfig,
@@ -19,6 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from kiln.analyze.config import AnalyzeConfig
 from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, ServerConfig, SpecConfig, field_help
 from kiln.deploy.ray_config import RayServeConfig
 from kiln.errors import KilnError
@@ -32,6 +33,7 @@ GROUP_TITLES = {
     ParallelConfig: "tensor / pipeline parallelism",
     ServerConfig: "server",
     RayServeConfig: "Ray Serve replicas and autoscaling (with --ray)",
+    AnalyzeConfig: "analyzer",
 }
 
 
@@ -153,6 +155,19 @@ def run_generate(args: argparse.Namespace, engine_names: list[str]) -> int:
     return 0
 
 
+# ---- analyze -------------------------------------------------------------------
+
+
+def run_analyze(args: argparse.Namespace, engine_names: list[str], analyze_names: list[str],
+                argv: list[str]) -> int:
+    try:
+        from kiln.analyze.run import run_analyze as analyze
+    except ImportError as exc:  # matplotlib, optuna or rich missing
+        raise KilnError(f"kiln analyze needs the 'analyze' extra: pip install 'kiln[analyze]' ({exc})") from None
+    config = AnalyzeConfig(**given(args, analyze_names))
+    return analyze(config, args.model, given(args, engine_names), args.param, command="kiln " + " ".join(argv))
+
+
 # ---- the parser --------------------------------------------------------------
 
 
@@ -199,6 +214,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     validate = repo_sub.add_parser("validate", help="check a model repository and print what is wrong")
     validate.add_argument("repository")
 
+    analyze = sub.add_parser(
+        "analyze",
+        help="find the best serving configuration of a model under latency SLOs (report, plots, config file)",
+        description="Starts real kiln serve configurations, drives them at increasing load with the bench "
+        "load generators and searches the configurations that matter for the model (docs/analyze.md). "
+        "An LLM: give its file and, optionally, engine flags (the base configuration). A repository model: "
+        "--model-repository DIR --model-name NAME (the base is its config.yaml).",
+    )
+    names["analyze_engine"] = add_engine_flags(analyze)
+    names["analyze"] = add_dataclass_flags(analyze, AnalyzeConfig)
+    analyze.add_argument(
+        "--param", action="append", default=[], metavar="NAME=V1,V2",
+        help="search only the parameters given this way, over these values (repeatable); "
+        "e.g. --param max_batch_size=16,64 --param max_queue_delay_ms=0,2",
+    )
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     add_bench_serve_arguments(bench_sub.add_parser("serve", help="load-test an OpenAI-compatible server"))
@@ -208,6 +239,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser, names = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
@@ -220,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             return worker_main(["--device", args.device, "--dist-timeout-s", str(args.dist_timeout_s)])
         if args.command == "repo":
             return run_validate(args.repository)
+        if args.command == "analyze":
+            return run_analyze(args, names["analyze_engine"], names["analyze"], argv)
         if args.bench_command == "infer":
             from kiln.bench.infer import main_bench_infer
 
