@@ -50,10 +50,8 @@ def make_workload(config: AnalyzeConfig, kind: str) -> Workload:
 
 
 def planned_configs(space: SearchSpace, config: AnalyzeConfig) -> int:
-    if config.search == "optuna":
-        planned = config.trials
-    else:
-        planned = 1 + sum(len(p.values) - 1 for p in space.params)
+    one_pass = 1 + sum(len(p.values) - 1 for p in space.params)
+    planned = config.trials if config.search == "optuna" else one_pass
     return min(planned, config.max_configs) if config.max_configs else planned
 
 

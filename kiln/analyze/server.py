@@ -3,9 +3,10 @@
 The server runs in a session of its own, so the Ctrl-C the user types at
 the analyzer reaches the analyzer only: the analyzer finishes the point it
 is measuring and then stops the server itself (SIGTERM, then SIGKILL to
-its process group after a grace period, so no engine process is left). Configurations are switched with the KServe model-control API
-(`POST /v2/repository/models/NAME/load` with a `config` parameter), which
-builds the new configuration completely before it replaces the old one.
+its process group after a grace period, so no engine process is left).
+Configurations are switched with the KServe model-control API (`POST
+/v2/repository/models/NAME/load` with a `config` parameter), which builds
+the new configuration completely before it replaces the old one.
 """
 
 from __future__ import annotations
@@ -105,10 +106,8 @@ class ServerProcess:
         self.client.close()
         if self.proc.poll() is None:
             self.proc.terminate()  # the server drains and stops its engines itself
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # engine processes left in the group, if any
         with contextlib.suppress(subprocess.TimeoutExpired):

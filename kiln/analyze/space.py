@@ -177,10 +177,11 @@ def apply_repository(raw: dict[str, Any], config: Config) -> dict[str, Any]:
     """The config.yaml mapping `raw` with `config` applied (raw is not changed)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     if "max_batch_size" in config:
-        out["max_batch_size"] = int(config["max_batch_size"])  # type: ignore[arg-type]
+        max_batch = int(config["max_batch_size"])  # type: ignore[arg-type]
+        out["max_batch_size"] = max_batch
         batching = dict(out.get("dynamic_batching") or {})
         batching["max_queue_delay_ms"] = config["max_queue_delay_ms"]
-        sizes = preferred_sizes(config["preferred_batch_sizes"], out["max_batch_size"])
+        sizes = preferred_sizes(config["preferred_batch_sizes"], max_batch)
         batching["preferred_batch_sizes"] = list(sizes)
         out["dynamic_batching"] = batching
     out["instance_count"] = config["instance_count"]

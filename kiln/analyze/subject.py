@@ -84,6 +84,8 @@ class RepositorySubject:
         target = repository / self.name
         if not target.exists():
             shutil.copytree(self.directory, target, copy_function=_link_or_copy)
+        # A new file, never a write through the hard link to the user's own config.yaml.
+        (target / CONFIG_FILE).unlink(missing_ok=True)
         (target / CONFIG_FILE).write_text(yaml.safe_dump(self.load_config(config), sort_keys=False))
         return ["--model-repository", str(repository)]
 
