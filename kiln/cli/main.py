@@ -171,6 +171,24 @@ def run_analyze(args: argparse.Namespace, engine_names: list[str], analyze_names
 # ---- the parser --------------------------------------------------------------
 
 
+ANALYZE_EPILOG = """\
+pruning: a load sweep stops at the first level that breaks an SLO or gains no
+throughput; the coordinate search tries one parameter at a time from the best so
+far (--max-passes), optuna samples --trials configurations (TPE).
+
+writes into --output: results.jsonl (every point; Ctrl-C keeps it and the same
+command resumes), report.md and report.html (table, cost per 1,000 predictions,
+plots/*.png), and the best configuration: config.yaml (a repository model's,
+or backend llm) and, for LLMs, serve-command.sh (kiln serve with its flags).
+
+examples:
+  kiln analyze --model-repository examples/tabular/repository --model-name breast_cancer \\
+      --max-p99-latency-ms 20 --price-per-hour 0.5
+  kiln analyze --max-p99-ttft-ms 2000 --max-p99-tpot-ms 200 --max-configs 6 \\
+      --param max_num_seqs=8,32 --param max_num_batched_tokens=256,1024
+"""
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     from kiln.bench.cli import add_bench_serve_arguments
     from kiln.bench.infer import add_bench_infer_arguments
@@ -218,9 +236,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
         "analyze",
         help="find the best serving configuration of a model under latency SLOs (report, plots, config file)",
         description="Starts real kiln serve configurations, drives them at increasing load with the bench "
-        "load generators and searches the configurations that matter for the model (docs/analyze.md). "
-        "An LLM: give its file and, optionally, engine flags (the base configuration). A repository model: "
-        "--model-repository DIR --model-name NAME (the base is its config.yaml).",
+        "load generators and searches the configurations that matter for the model (docs/operations.md, "
+        "'kiln analyze'). An LLM: give its file and, optionally, engine flags (the base configuration). "
+        "A repository model: --model-repository DIR --model-name NAME (the base is its config.yaml).",
+        epilog=ANALYZE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     names["analyze_engine"] = add_engine_flags(analyze)
     names["analyze"] = add_dataclass_flags(analyze, AnalyzeConfig)
