@@ -75,6 +75,11 @@ class Snapshot:
         values = [v for labels, v in self.now.get(name, ()) if _matches(labels, match)]
         return sum(values) if values else None
 
+    def peak(self, name: str, **match: str) -> float | None:
+        """The largest matching value: a device's gauge repeated under each model that uses it counts once."""
+        values = [v for labels, v in self.now.get(name, ()) if _matches(labels, match)]
+        return max(values) if values else None
+
     def rate(self, name: str, **match: str) -> float | None:
         if self.span <= 0:
             return None
@@ -167,8 +172,8 @@ def _cpu(snap: Snapshot, model_name: str) -> float | None:
 
 def _common(snap: Snapshot, name: str) -> dict[str, Any]:
     return {
-        "queue_length": snap.gauge("kiln:queue_length", model=name),
-        "in_flight": snap.gauge("kiln:requests_in_flight", model=name),
+        "queue_length": snap.gauge("kiln:queue_length", model_name=name),  # the autoscaling gauges' label
+        "in_flight": snap.gauge("kiln:requests_in_flight", model_name=name),
         "busy_fraction": snap.gauge("kiln:model_busy_fraction", model=name),
         "cost_per_1k_usd": snap.gauge("kiln:cost_per_1k_requests_usd", model=name),
         "cpu_utilisation": _cpu(snap, name),
@@ -241,9 +246,9 @@ def server_figures(snap: Snapshot) -> dict[str, Any]:
     for device in snap.label_values("kiln:device_utilization_perc", "device"):
         gpus.append({
             "device": device,
-            "utilisation": snap.gauge("kiln:device_utilization_perc", device=device),
-            "memory_used_bytes": snap.gauge("kiln:device_memory_used_bytes", device=device),
-            "memory_total_bytes": snap.gauge("kiln:device_memory_total_bytes", device=device),
+            "utilisation": snap.peak("kiln:device_utilization_perc", device=device),
+            "memory_used_bytes": snap.peak("kiln:device_memory_used_bytes", device=device),
+            "memory_total_bytes": snap.peak("kiln:device_memory_total_bytes", device=device),
         })
     return {
         "cpu_utilisation": _server_cpu(snap),

@@ -148,4 +148,7 @@ def test_playground_streams_an_answer(server, page):
     assert "done: " in page.inner_text("#chat-status") and "24 tokens" in page.inner_text("#chat-status")
     assert page.errors == []
     if os.environ.get("KILN_UPDATE_SCREENSHOTS") == "1":
+        for _ in range(8):  # a few seconds of history, so the charts draw lines
+            send_traffic(server)
+            page.wait_for_timeout(700)
         page.screenshot(path=str(SCREENSHOT), full_page=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from kiln.metrics.live_stats import STALE, LiveStats, histogram_quantile
 from kiln.metrics.route_metrics import RouteMetrics
@@ -91,3 +91,25 @@ def test_a_long_idle_gap_starts_the_window_afresh():
     clock.t += 1.0
     families.success.labels("smol", "stop").inc(3)
     assert stats.read(["smol"], [], {})["models"]["smol"]["request_rate"] == 3.0
+
+
+def test_queue_and_in_flight_come_from_the_autoscaling_gauges_of_each_model():
+    registry = CollectorRegistry()
+    queue = Gauge("kiln:queue_length", "", ["model_name"], registry=registry)
+    in_flight = Gauge("kiln:requests_in_flight", "", ["model_name"], registry=registry)
+    queue.labels("m").set(3)
+    in_flight.labels("m").set(5)
+    queue.labels("other").set(7)
+    out = LiveStats(registry).read(["m"], ["other"], {})["models"]
+    assert (out["m"]["queue_length"], out["m"]["in_flight"]) == (3, 5)
+    assert (out["other"]["queue_length"], out["other"]["in_flight"]) == (7, None)
+
+
+def test_a_gpu_listed_under_several_models_counts_once():
+    registry = CollectorRegistry()
+    util = Gauge("kiln:device_utilization_perc", "", ["model_name", "device"], registry=registry)
+    util.labels("a", "0").set(0.5)
+    util.labels("b", "0").set(0.5)
+    util.labels("a", "1").set(0.25)
+    gpus = LiveStats(registry).read([], [], {})["server"]["gpus"]
+    assert [(g["device"], g["utilisation"]) for g in gpus] == [("0", 0.5), ("1", 0.25)]
