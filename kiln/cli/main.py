@@ -5,6 +5,9 @@ field, `--block-size` for `block_size`) and server flags from ServerConfig,
 each with the help and allowed values its field declares (kiln/config.py),
 so a new config field is a new flag with no edit here. Only flags given on
 the command line are passed on; the dataclasses own the defaults.
+
+Each command imports its own modules inside its function, so `kiln --help`
+and the light commands never load torch or the server stack.
 """
 
 from __future__ import annotations
@@ -89,8 +92,6 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
 def run_serve(
     args: argparse.Namespace, engine_names: list[str], server_names: list[str], ray_names: list[str]
 ) -> int:
-    # Imported here, as every command's own modules are: `kiln --help` and the
-    # light commands never pay for torch and the server stack.
     from kiln.config import EngineConfig
     from kiln.llm.device import require_device
     from kiln.server.compose import build_dataplane

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kiln.config import EngineConfig, ServerConfig
 from kiln.deploy.ray_config import HINT_METRIC, RayServeConfig, deployment_options, typed_options
+from kiln.errors import ConfigError
 from kiln.server.app import build_app
 from kiln.server.compose import build_dataplane
 
@@ -100,8 +101,6 @@ def application(server: ServerConfig, llm: EngineConfig | None, ray: RayServeCon
 def build(args: dict[str, Any]) -> Application:
     """`serve run kiln.deploy.ray_serve:build key=value ...`: keys are `kiln serve`'s
     options with underscores (model=..., model_repository=..., ray_max_replicas=...)."""
-    from kiln.errors import ConfigError
-
     engine_keys = {f.name for section in ENGINE_SECTIONS for f in dataclasses.fields(section)}
     known = {f.name for f in dataclasses.fields(ServerConfig)} | {f.name for f in dataclasses.fields(RayServeConfig)}
     unknown = set(args) - known - engine_keys
