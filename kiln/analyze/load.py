@@ -16,6 +16,11 @@ from dataclasses import dataclass
 
 from kiln.analyze.objective import Point
 from kiln.analyze.server import ServerProcess
+from kiln.bench.client import Target
+from kiln.bench.dataset import synthetic
+from kiln.bench.infer import GrpcTarget, HttpTarget, make_inputs, run_level
+from kiln.bench.report import summarize
+from kiln.bench.runner import LoadShape, run_load
 
 
 @dataclass(frozen=True)
@@ -55,8 +60,6 @@ def measure_level(server: ServerProcess, model: str, workload: Workload, level: 
 
 
 async def _repository_level(server: ServerProcess, model: str, workload: Workload, concurrency: int) -> Point:
-    from kiln.bench.infer import GrpcTarget, HttpTarget, make_inputs, run_level
-
     if workload.protocol == "grpc":
         target: HttpTarget | GrpcTarget = GrpcTarget(f"127.0.0.1:{server.grpc_port}", model)
     else:
@@ -78,11 +81,6 @@ async def _repository_level(server: ServerProcess, model: str, workload: Workloa
 
 
 async def _llm_level(server: ServerProcess, model: str, workload: Workload, rate: float) -> Point:
-    from kiln.bench.client import Target
-    from kiln.bench.dataset import synthetic
-    from kiln.bench.report import summarize
-    from kiln.bench.runner import LoadShape, run_load
-
     count = max(workload.min_requests, math.ceil(rate * workload.duration_s))
     items = synthetic(workload.dataset, count, workload.input_len, workload.output_len, 0.0, workload.seed)
     target = Target(server.base_url, model, "completions")

@@ -18,7 +18,7 @@ from kiln.analyze.driver import Measurer
 from kiln.analyze.load import Workload
 from kiln.analyze.objective import Objective
 from kiln.analyze.progress import Progress, StopFlag, describe_config
-from kiln.analyze.search import SearchOutcome, coordinate_search, optuna_search
+from kiln.analyze.search import SearchOutcome, choose_best, coordinate_search, optuna_search
 from kiln.analyze.space import SearchSpace, parse_overrides
 from kiln.analyze.store import ResultStore
 from kiln.analyze.subject import LLMSubject, RepositorySubject, Subject
@@ -86,8 +86,6 @@ def run_analyze(
                                   config.max_configs, outcome)
     except KeyboardInterrupt:
         interrupted = True
-        from kiln.analyze.search import choose_best
-
         outcome.stopped = "interrupted"
         outcome.best = choose_best(outcome, config.min_gain)
     finally:

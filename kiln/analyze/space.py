@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kiln.config import EngineConfig, flat_options
 from kiln.errors import ConfigError
 
 Value = bool | int | float | str | None
@@ -194,8 +195,6 @@ def apply_repository(raw: dict[str, Any], config: Config) -> dict[str, Any]:
 
 def llm_space(base_options: dict[str, Any]) -> SearchSpace:
     """The engine options worth searching, around `base_options` (flat EngineConfig options)."""
-    from kiln.config import EngineConfig, flat_options
-
     engine = EngineConfig.from_flat(**base_options)
     cuda = engine.model.device.startswith("cuda")
     kv_dtypes: tuple[Value, ...] = ("auto", "bfloat16", "float16") + (("fp8_e4m3",) if cuda else ())
@@ -223,7 +222,5 @@ def llm_space(base_options: dict[str, Any]) -> SearchSpace:
 
 def apply_llm(base_options: dict[str, Any], config: Config) -> dict[str, Any]:
     """Flat engine options: the base ones with `config` applied, validated (ConfigError if not)."""
-    from kiln.config import EngineConfig, flat_options
-
     options = {**base_options, **config}
     return flat_options(EngineConfig.from_flat(**options))

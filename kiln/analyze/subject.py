@@ -24,6 +24,7 @@ from kiln.analyze.space import (
     repository_space,
 )
 from kiln.errors import ConfigError
+from kiln.serving.repository.config import check_model_name, parse_config
 
 CONFIG_FILE = "config.yaml"
 SERVE_SCRIPT = "serve-command.sh"
@@ -49,8 +50,6 @@ class RepositorySubject:
     kind = "repository"
 
     def __init__(self, repository: str | Path, name: str):
-        from kiln.serving.repository.config import check_model_name
-
         self.repository = Path(repository)
         self.name = check_model_name(name)
         self.directory = self.repository / name
@@ -70,8 +69,6 @@ class RepositorySubject:
         return apply_repository(self.raw, config)
 
     def problem(self, config: Config) -> str | None:
-        from kiln.serving.repository.config import parse_config
-
         try:
             parse_config(self.load_config(config), name=self.name)
         except ConfigError as exc:
