@@ -29,7 +29,10 @@ def _pyplot() -> Any:
 def plotted(results: list[ConfigResult], base: ConfigResult | None, best: ConfigResult | None) -> list[ConfigResult]:
     """The configurations that get a line: base, best, then the highest scores."""
     measured = [r for r in results if r.points]
-    chosen = [r for r in (base, best) if r is not None and r.points]
+    chosen: list[ConfigResult] = []
+    for r in (base, best):
+        if r is not None and r.points and all(r is not c for c in chosen):  # the best may be the base
+            chosen.append(r)
     for r in sorted(measured, key=lambda r: -r.score):
         if len(chosen) >= MAX_LINES:
             break

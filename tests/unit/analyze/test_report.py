@@ -6,6 +6,7 @@ import pytest
 
 from kiln.analyze import report
 from kiln.analyze.objective import Objective, Point
+from kiln.analyze.plots import MAX_LINES, plotted
 from kiln.analyze.search import SearchOutcome
 from kiln.analyze.space import Param, SearchSpace
 from kiln.analyze.sweep import ConfigResult
@@ -58,3 +59,11 @@ def test_report_of_an_interrupted_run_with_nothing_feasible(tmp_path):
     assert "(interrupted: the report covers what was measured)" in text
     assert "**No configuration met the objective**" in text
     assert "all levels measured (interrupted)" in text
+
+
+def test_plots_draw_each_configuration_once_when_the_base_is_best():
+    results = [ConfigResult({"b": i}, points=[Point(level=1.0)], score=float(i)) for i in range(MAX_LINES + 2)]
+    base = best = results[-1]
+    chosen = plotted(results, base, best)
+    assert chosen[0] is base and len(chosen) == MAX_LINES == len({id(r) for r in chosen})
+    assert [r.score for r in chosen] == sorted((r.score for r in results), reverse=True)[:MAX_LINES]
