@@ -1,6 +1,6 @@
 """Structured outputs on SmolLM2: every output parses and validates
 (`jsonschema`, formats checked) with greedy and sampled decoding, with and
-without n-gram speculation; regex, EBNF, Lark and choice grammars too."""
+without n-gram speculation; any JSON object, regex, EBNF and Lark grammars too."""
 
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ def test_every_json_output_validates(make_smollm2_engine, spec_method, modes):
         assert llm.engine.last_stats.spec_num_draft_tokens > 0
 
 
-def test_json_object_regex_ebnf_lark_and_choice(make_smollm2_engine):
+def test_json_object_regex_ebnf_and_lark(make_smollm2_engine):
     llm = make_smollm2_engine(kv_cache_memory_gib=0.25)
     cases = [
-        (GrammarSpec("json_object"), "Give a small JSON object about a cat.",
+        (GrammarSpec("json_object"), "Reply with a JSON object with only two keys: a cat's name and age.",
          lambda t: isinstance(json.loads(t), dict)),
         (GrammarSpec("regex", r"[A-Z]{3}-[0-9]{2,4}"), "Invent a flight code.",
          lambda t: re.fullmatch(r"[A-Z]{3}-[0-9]{2,4}", t)),
@@ -56,6 +56,6 @@ def test_json_object_regex_ebnf_lark_and_choice(make_smollm2_engine):
          lambda t: re.fullmatch(r"[1-9][0-9]? apples", t)),
     ]
     outputs = llm.generate([chat_ids(llm, q) for _, q, _ in cases],
-                           [SamplingParams(max_tokens=60, temperature=0.0, structured=s) for s, _, _ in cases])
+                           [SamplingParams(max_tokens=120, temperature=0.0, structured=s) for s, _, _ in cases])
     for (_, _, valid), out in zip(cases, outputs, strict=True):
         assert out.outputs[0].finish_reason == "stop" and valid(out.outputs[0].text), out.outputs[0].text
