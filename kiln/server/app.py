@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 from kiln.dataplane.dataplane import DataPlane
 from kiln.frontends.admin import admin_router
-from kiln.frontends.auth import ApiKeyMiddleware
+from kiln.frontends.auth import OPEN_PATHS, ApiKeyMiddleware
 from kiln.frontends.errors import install_error_handlers
 from kiln.frontends.kserve.grpc.servicer import start_grpc_server
 from kiln.frontends.kserve.http import kserve_router
@@ -48,7 +48,8 @@ def build_app(dataplane: DataPlane, on_fatal: Callable[[str], None] | None = Non
     app.state.dataplane = dataplane
     install_error_handlers(app)
     if dataplane.config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=dataplane.config.api_key)
+        open_paths = frozenset() if dataplane.config.protect_health else OPEN_PATHS
+        app.add_middleware(ApiKeyMiddleware, api_key=dataplane.config.api_key, open_paths=open_paths)
     app.include_router(ops_router(dataplane))
     app.include_router(admin_router(dataplane))
     app.include_router(openai_router(dataplane))
