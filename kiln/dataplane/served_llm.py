@@ -60,11 +60,20 @@ class ServedLLM:
         self.engine: AsyncLLM | None = None
         self.load_error: str | None = None
         self.draining = False
-        self.restarting = False
+        self._restarting = False
         self.metrics = metrics
         self.usage = UsageTotals()  # this engine's busy time, requests and tokens (cost gauges)
         self.restarts = RestartBudget(restart_policy or RestartPolicy())
         self._supervisor: asyncio.Task | None = None
+
+    @property
+    def restarting(self) -> bool:
+        """A new engine is (about to be) started for a dead one."""
+        if self._restarting:
+            return True
+        engine, supervisor = self.engine, self._supervisor
+        return (engine is not None and engine.is_dead and not self.draining and supervisor is not None
+                and not supervisor.done() and self.restarts.next_delay() is not None)
 
     @property
     def state(self) -> str:
@@ -106,7 +115,7 @@ class ServedLLM:
                 log.error("model %s: engine died (%s); no restart left (%d in %.0fs); it stays down",
                           self.name, reason, self.restarts.policy.max_restarts, self.restarts.policy.window_s)
                 return
-            self.restarting = True
+            self._restarting = True
             log.warning("model %s: engine died (%s); restarting in %.1fs", self.name, reason, delay)
             await _quietly(engine.shutdown())  # reap what is left of it
             await asyncio.sleep(delay)
@@ -114,7 +123,7 @@ class ServedLLM:
             new = await self._start_replacement()
             if new is None:
                 continue  # it failed to start: counts as another death
-            self.engine, self.restarting = new, False
+            self.engine, self._restarting = new, False
             self.metrics.on_engine_restarted()
             log.warning("model %s: engine restarted", self.name)
 
