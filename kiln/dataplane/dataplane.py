@@ -99,6 +99,7 @@ class DataPlane:
             drain_timeout_s=self.config.shutdown_timeout,
             restart_policy=RestartPolicy.of(self.config),
             max_rows=self.config.max_prompts_per_request,
+            max_tokens_limit=self.config.max_tokens_limit,
         )
 
     def add_llm(self, config: EngineConfig, name: str) -> None:

@@ -84,6 +84,7 @@ class LLMModel(AsyncModel):
         drain_timeout_s: float = 30.0,
         restart_policy: RestartPolicy | None = None,
         max_rows: int | None = None,
+        max_tokens_limit: int | None = None,
     ):
         self.families = families
         self.engine_mode = engine_mode
@@ -91,6 +92,7 @@ class LLMModel(AsyncModel):
         self.drain_timeout_s = drain_timeout_s
         self.restart_policy = restart_policy
         self.max_rows = max_rows  # prompts one request may carry (max_prompts_per_request)
+        self.max_tokens_limit = max_tokens_limit  # the server's max_tokens_limit, as on the OpenAI routes
         self.served: ServedLLM | None = None
 
     async def load(self, context: LoadContext) -> None:
@@ -120,7 +122,7 @@ class LLMModel(AsyncModel):
     # ---- requests ------------------------------------------------------------
     async def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         engine = self._engine()
-        rows = _rows(request, self.max_rows)
+        rows = self._rows(request)
         assert self.served is not None  # _engine() checked it
         self.served.admit(engine, len(rows))
         texts = await asyncio.gather(*(_complete(engine, prompt, params) for prompt, params in rows))
@@ -130,7 +132,7 @@ class LLMModel(AsyncModel):
     def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None] | None:
         if not request.parameters.get("stream"):
             return None
-        rows = _rows(request, self.max_rows)
+        rows = self._rows(request)
         if len(rows) != 1:
             raise InvalidRequestError(f"a streamed llm request takes one prompt, got {len(rows)}")
         engine = self._engine()
@@ -147,6 +149,9 @@ class LLMModel(AsyncModel):
                 outputs = {"text_output": _bytes_array([out.delta_text.encode("utf-8")], shape)}
                 yield InferResponse(request.model_name, request.model_version, outputs, id=request.id,
                                     parameters={"triton_final_response": out.finished})
+
+    def _rows(self, request: InferRequest) -> list[tuple[str, SamplingParams]]:
+        return _rows(request, self.max_rows, self.max_tokens_limit)
 
     def _engine(self) -> AsyncLLM:
         if self.served is None:
@@ -165,14 +170,22 @@ def _request_id() -> str:
     return f"kserve-{uuid.uuid4().hex}"
 
 
-def _rows(request: InferRequest, max_rows: int | None = None) -> list[tuple[str, SamplingParams]]:
+def _rows(
+    request: InferRequest, max_rows: int | None = None, max_tokens_limit: int | None = None
+) -> list[tuple[str, SamplingParams]]:
     """(prompt, sampling params) of every row of the request."""
     prompts = request.inputs["text_input"].reshape(-1)
     if max_rows is not None and len(prompts) > max_rows:
         raise InvalidRequestError(
             f"text_input holds {len(prompts)} prompts; this server takes at most {max_rows} per request "
             "(max_prompts_per_request)", param="text_input")
-    max_tokens = _column(request, "max_tokens", len(prompts), DEFAULT_MAX_TOKENS)
+    default = min(DEFAULT_MAX_TOKENS, max_tokens_limit) if max_tokens_limit else DEFAULT_MAX_TOKENS
+    max_tokens = _column(request, "max_tokens", len(prompts), default)
+    if not all(isinstance(m, int) for m in max_tokens):  # a float (or NaN) tensor: no silent truncation
+        raise InvalidRequestError("max_tokens must be an integer tensor (INT32, INT64, ...)", param="max_tokens")
+    if max_tokens_limit is not None and any(m > max_tokens_limit for m in max_tokens):
+        raise InvalidRequestError(
+            f"max_tokens exceeds this server's limit of {max_tokens_limit} (max_tokens_limit)", param="max_tokens")
     temperature = _column(request, "temperature", len(prompts), 0.0)
     return [
         (_text(p), SamplingParams(max_tokens=int(m), temperature=float(t)))

@@ -107,7 +107,7 @@ class ChatCompletionRequest(SamplingFields):
 class TokenizeRequest(Strict):
     model: str | None = None
     prompt: str | None = None
-    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
