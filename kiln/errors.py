@@ -47,6 +47,14 @@ class ModelLoadError(KilnError):
     error_type = "model_load_error"
 
 
+class ModelConfigLoadError(ModelLoadError):
+    """A load failed because the model's config (or a load request's override) is
+    invalid, e.g. an `llm` path outside the version directory: the client's to fix."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+
+
 class ModelNotFoundError(KilnError):
     http_status = 404
     grpc_code = "NOT_FOUND"

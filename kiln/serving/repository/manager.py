@@ -32,6 +32,7 @@ from kiln.errors import (
     ConfigError,
     InvalidRequestError,
     KilnError,
+    ModelConfigLoadError,
     ModelLoadError,
     ModelLoadingError,
     ModelNotFoundError,
@@ -242,7 +243,7 @@ class ModelManager:
                     log.exception("loading model %s raised", name)
                 if not was_ready:
                     entry.state, entry.reason = UNAVAILABLE, message
-                raise ModelLoadError(message) from None
+                raise (ModelConfigLoadError if isinstance(exc, ConfigError) else ModelLoadError)(message) from None
             old, entry.versions = entry.versions, new
             entry.state, entry.reason = READY, ""
         await self._close_versions(list(old.values()))

@@ -13,6 +13,7 @@ import queue
 import socket
 import ssl
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -186,23 +187,44 @@ def test_stream_answers_each_request_once_even_when_the_model_error_is_not_kilns
 
 
 def test_a_huge_bytes_shape_without_data_is_refused_at_once(server):
+    """Four 2^28-element BYTES shapes with no data over HTTP and one over gRPC, in
+    flight together with a liveness probe and a well-formed request: each bomb is
+    a 400 naming the problem, the probe and the good request are answered at once."""
     header = json.dumps({"inputs": [{"name": "T", "datatype": "BYTES", "shape": [2**28],
                                      "parameters": {"binary_data_size": 0}}]}).encode()
-    started = time.monotonic()
-    for _ in range(4):
-        r = server.post("/v2/models/text/infer", content=header,
-                        headers={**AUTH, "Inference-Header-Content-Length": str(len(header))})
-        assert r.status_code == 400 and "string elements" in r.json()["error"], r.text
-    client, headers = grpc_client(server)
-    empty = grpcclient.InferInput("T", [2**28], "BYTES")
-    empty._raw_content = b""  # what a hostile client sends: a shape and no data
-    with pytest.raises(InferenceServerException) as e:
-        client.infer("text", [empty], headers=headers)
-    assert "INVALID_ARGUMENT" in str(e.value.status())
-    assert time.monotonic() - started < 5
-    r = server.post("/v2/models/text/infer", headers=AUTH,
-                    json={"inputs": [{"name": "T", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]})
-    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == ["hi"]
+
+    def http_bomb() -> httpx.Response:
+        return server.post("/v2/models/text/infer", content=header,
+                           headers={**AUTH, "Inference-Header-Content-Length": str(len(header))})
+
+    def grpc_bomb() -> str:
+        client, headers = grpc_client(server)
+        empty = grpcclient.InferInput("T", [2**28], "BYTES")
+        empty._raw_content = b""  # what a hostile client sends: a shape and no data
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("text", [empty], headers=headers)
+        return str(e.value.status())
+
+    def timed(call):
+        started = time.monotonic()
+        return call(), time.monotonic() - started
+
+    def good() -> httpx.Response:
+        return server.post("/v2/models/text/infer", headers=AUTH,
+                           json={"inputs": [{"name": "T", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]})
+
+    with ThreadPoolExecutor(8) as pool:
+        bombs = [pool.submit(http_bomb) for _ in range(4)]
+        grpc = pool.submit(grpc_bomb)
+        probe = pool.submit(timed, lambda: server.get("/v2/health/live"))
+        fine = pool.submit(timed, good)
+        for bomb in bombs:
+            r = bomb.result()
+            assert r.status_code == 400 and "string elements" in r.json()["error"], r.text
+        assert "INVALID_ARGUMENT" in grpc.result()
+        (live, live_s), (r, good_s) = probe.result(), fine.result()
+    assert live.status_code == 200 and live_s < 2, live_s
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == ["hi"] and good_s < 5, (r.text, good_s)
 
 
 # ---- one model failing to load leaves the others serving ---------------------------

@@ -61,6 +61,35 @@ def test_values_that_once_wedged_or_killed_the_engine_are_400(server, route, ext
     completes(server)
 
 
+def test_hostile_requests_in_flight_beside_good_ones_hurt_none_of_them(server):
+    """Every wedger, on both routes, sent at once with well-formed requests: each
+    hostile one is a 400 naming its field, each good one gets the text it gets alone."""
+    good = {"prompt": "The cat", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    alone = server.post("/v1/completions", json=good).json()["choices"][0]["text"]
+
+    def hostile(route: str, extra: dict) -> bytes:
+        body = {"prompt": "x"} if route == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+        return json.dumps({**body, "max_tokens": 2, **extra}, ensure_ascii=True).encode()
+
+    sent = [(route, hostile(route, extra), param) for extra, param in WEDGERS
+            for route in ("/v1/completions", "/v1/chat/completions")]
+
+    async def together():
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60,
+                                     headers={"content-type": "application/json"}) as client:
+            bad = [client.post(route, content=raw) for route, raw, _ in sent]
+            fine = [client.post("/v1/completions", json=good) for _ in range(4)]
+            answers = await asyncio.gather(*bad, *fine)
+            return answers[:len(bad)], answers[len(bad):]
+
+    bad, fine = asyncio.run(together())
+    for (route, _, param), r in zip(sent, bad, strict=True):
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, param, r.text)
+    assert [r.status_code for r in fine] == [200] * 4
+    assert [r.json()["choices"][0]["text"] for r in fine] == [alone] * 4
+    completes(server)
+
+
 @pytest.mark.parametrize(
     "route,raw",
     [

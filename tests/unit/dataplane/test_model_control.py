@@ -6,7 +6,9 @@ leaves the server and the other models serving."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from starlette.testclient import TestClient
@@ -112,3 +114,42 @@ def test_one_llm_failing_to_load_leaves_the_server_and_the_others_serving(tmp_pa
         index = {row["name"]: row for row in client.post("/v2/repository/index", json={}).json()}
         assert index["broken_llm"]["state"] == "UNAVAILABLE" and str(tmp_path) not in index["broken_llm"]["reason"]
     assert fatal == []
+
+
+def test_hostile_loads_over_http_and_grpc_are_400_and_inference_goes_on(tmp_path):
+    """With --model-control explicit, a load whose override points an `llm` at the
+    host is refused over both transports (400 / INVALID_ARGUMENT naming the rule,
+    no repository path), while requests in flight beside them are answered."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    from tests.integration.openai.live import free_port
+
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+    port = free_port()
+    plane = repository_plane(tmp_path, grpc_port=port, engine_mode="thread")
+    hostile = json.dumps(llm_config("/etc/passwd"))
+    good = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    with TestClient(build_app(plane)) as client:
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+
+        def http_load():
+            return client.post("/v2/repository/models/doubler/load", json={"parameters": {"config": hostile}})
+
+        def grpc_load():
+            with pytest.raises(InferenceServerException) as e:
+                grpc.load_model("doubler", config=json.dumps(llm_config("../../secret.gguf")))
+            return e.value
+
+        with ThreadPoolExecutor(6) as pool:
+            loads = [pool.submit(http_load), pool.submit(grpc_load)]
+            infers = [pool.submit(client.post, "/v2/models/doubler/infer", json=good) for _ in range(4)]
+            r, refused = loads[0].result(), loads[1].result()
+            answers = [f.result() for f in infers]
+        assert r.status_code == 400 and "must be a relative path" in r.json()["error"], r.text
+        assert "INVALID_ARGUMENT" in str(refused.status()) and "must be a relative path" in refused.message()
+        for message in (r.text, refused.message()):
+            assert str(tmp_path) not in message
+        assert [a.json()["outputs"][0]["data"] for a in answers] == [[2.0, 4.0]] * 4
+        assert grpc.is_model_ready("doubler")
+        grpc.close()
