@@ -23,6 +23,7 @@ import logging
 import time
 
 from kiln.config import EngineConfig
+from kiln.dataplane.load import CountingObserver, RequestTotals, SourceLoad
 from kiln.dataplane.restarts import RestartBudget, RestartPolicy
 from kiln.dataplane.usage import UsageObserver
 from kiln.errors import (
@@ -63,6 +64,7 @@ class ServedLLM:
         self._restarting = False
         self.metrics = metrics
         self.usage = UsageTotals()  # this engine's busy time, requests and tokens (cost gauges)
+        self.totals = RequestTotals()  # across restarts: the autoscaling inputs of this model version
         self.restarts = RestartBudget(restart_policy or RestartPolicy())
         self._supervisor: asyncio.Task | None = None
 
@@ -98,7 +100,7 @@ class ServedLLM:
         self._supervisor = asyncio.create_task(self._supervise(), name=f"kiln-supervise-{self.name}")
 
     async def _start_engine(self) -> AsyncLLM:
-        observer = UsageObserver(self.metrics, self.usage)
+        observer = UsageObserver(CountingObserver(self.metrics, self.totals), self.usage)
         return await AsyncLLM.start(self.config, self.engine_mode, observer=observer)
 
     # ---- supervision ---------------------------------------------------------
@@ -184,11 +186,27 @@ class ServedLLM:
         capacity = self.config.scheduler.max_num_seqs + limit
         if held > 0 and held + num_requests > capacity:
             self.metrics.on_rejected()
+            self.totals.rejected += num_requests
             raise OverloadedError(
                 f"server overloaded: the engine holds {held} requests and takes {capacity} "
                 f"(max_num_seqs={self.config.scheduler.max_num_seqs} running + max_queued_requests={limit} "
                 "waiting); retry later"
             )
+
+    def current_load(self) -> SourceLoad:
+        """Totals since this engine started and its counts now (autoscaling inputs)."""
+        engine, totals = self.engine, self.totals
+        if engine is None:
+            return SourceLoad(key=id(self), rejected=totals.rejected)
+        return SourceLoad(
+            key=id(self),
+            finished=totals.finished,
+            rejected=totals.rejected,
+            latency_s=totals.latency_s,
+            queued=engine.num_pending,
+            in_flight=engine.num_in_flight,
+            oldest_wait_s=engine.oldest_pending_age(),
+        )
 
     def pids(self) -> dict[str, int | None]:
         """Processes of this engine by role (the engine core, parallel workers)."""

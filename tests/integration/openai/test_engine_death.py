@@ -37,6 +37,8 @@ def test_killing_the_engine_fails_requests_then_service_resumes(server):
 
     r = health(server)
     assert r.status_code == 503 and r.json() == {"status": "restarting", "models": {"tiny": "restarting"}}
+    # Still live: the server restarts the engine itself, no orchestrator needs to.
+    assert httpx.get(server.base_url + "/v2/health/live", timeout=5).status_code == 200
     r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=5)
     assert r.status_code == 503 and r.json()["error"]["type"] == "engine_restarting_error"
     assert r.headers["retry-after"].isdigit()
@@ -60,6 +62,9 @@ def test_with_no_restart_left_the_engine_stays_down(server):
     while health(server).json()["models"]["tiny"] != "dead":
         assert time.monotonic() < deadline
         time.sleep(0.1)
+    assert health(server).status_code == 503
+    # Not live either: an orchestrator's liveness probe restarts the process.
+    assert httpx.get(server.base_url + "/v2/health/live", timeout=5).status_code == 503
     r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=5)
     assert r.status_code == 503 and "died" in r.json()["error"]["message"]
     assert server.proc.poll() is None and not [c for c in psutil.Process(server.proc.pid).children()]
