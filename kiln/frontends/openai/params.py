@@ -26,6 +26,16 @@ def check_n(n: int, max_n: int) -> None:
         raise InvalidRequestError(f"n ({n}) exceeds this server's limit of {max_n} (max_n)", param="n")
 
 
+def check_work(num_prompts: int, n: int, limit: int) -> None:
+    """One request runs num_prompts x n engine requests; at most `limit` (max_prompts_per_request)."""
+    if num_prompts * n > limit:
+        raise InvalidRequestError(
+            f"{num_prompts} prompt(s) x n={n} is {num_prompts * n} generations; this server takes at most "
+            f"{limit} per request (max_prompts_per_request)",
+            param="prompt" if num_prompts > 1 else "n",
+        )
+
+
 def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     out = {}
     for key, value in (bias or {}).items():

@@ -12,7 +12,7 @@ from kiln.errors import InvalidRequestError
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import Usage, finish_fields, new_id, now_s, parse
 from kiln.frontends.openai.logprobs import TokenTexts, chat_logprobs
-from kiln.frontends.openai.params import check_n, resolve_max_tokens, sampling_params
+from kiln.frontends.openai.params import check_n, check_work, resolve_max_tokens, sampling_params
 from kiln.frontends.openai.protocol import ChatCompletionRequest, ChatMessage
 from kiln.frontends.openai.streaming import stream_events
 from kiln.frontends.openai.streams import (
@@ -67,6 +67,7 @@ class ChatServing:
         settings = self.dataplane.config
         engine = served.ready_engine()
         check_n(req.n, settings.max_n)
+        check_work(1, req.n, settings.max_prompts_per_request)
         ids = chat_prompt_ids(engine.tokenizer, req.messages, req.add_generation_prompt)
         wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(wanted, len(ids), engine.max_model_len, settings.max_tokens_limit)

@@ -5,10 +5,11 @@ import time
 
 from kiln.errors import InvalidRequestError, PromptTooLongError
 from kiln.llm.engine.messages import EngineCoreRequest
-from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.sampling_params import SamplingParams, is_text
 from kiln.llm.tokenizer import Tokenizer
 
 Prompt = str | list[int]
+PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
 
 
 class InputProcessor:
@@ -21,6 +22,8 @@ class InputProcessor:
         if isinstance(prompt, str):
             if prompt == "":
                 raise InvalidRequestError("prompt must not be empty", param="prompt")
+            if not is_text(prompt):
+                raise InvalidRequestError("prompt is not valid UTF-8 text (it holds a lone surrogate)", param="prompt")
             return prompt, self.tokenizer.encode(prompt)
         ids = list(prompt)
         if not ids:
@@ -38,6 +41,13 @@ class InputProcessor:
         bad_bias = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
         if bad_bias:
             raise InvalidRequestError(f"logit_bias token ids out of range: {bad_bias[:3]}", param="logit_bias")
+        bad_stops = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad_stops:
+            raise InvalidRequestError(
+                f"stop_token_ids must be in [0, {self.vocab_size}); got {bad_stops[:3]}", param="stop_token_ids"
+            )
+        if not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise InvalidRequestError(f"priority must be a 64-bit integer, got {priority}", param="priority")
         msg = EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=ids,

@@ -33,10 +33,11 @@ class EngineCoreOutput(msgspec.Struct):
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" (then `error` says why)
     stop_token_id: int | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    error: str | None = None  # this request failed in the engine; the engine goes on
 
 
 class EngineStats(msgspec.Struct):
