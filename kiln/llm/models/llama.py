@@ -61,10 +61,9 @@ class LlamaAttention(nn.Module):
     tensor-parallel subclass (kiln.llm.parallel.model) can hold a subset of
     the heads and sum its partial output across ranks."""
 
-    # Absent unless the family has them (class defaults, so the sharded subclass has them too).
-    qkv_bias: nn.Parameter | None = None
-    q_norm: RMSNorm | None = None
-    k_norm: RMSNorm | None = None
+    qkv_bias: nn.Parameter | None  # absent (None) unless the family has them
+    q_norm: RMSNorm | None
+    k_norm: RMSNorm | None
     uses_local_rope = False  # rotated with the model's local (sliding-window) rope table
 
     def __init__(self, arch: ModelArch, backend: AttentionBackend, layer: int = 0):
@@ -73,11 +72,9 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads = arch.num_heads, arch.num_kv_heads
         # A Linear until LlamaModel.finish may swap in a quantized module.
         self.qkv_proj: nn.Module = Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size)
-        if arch.attention_bias:
-            self.qkv_bias = _weight(arch.q_size + 2 * arch.kv_size)
-        if arch.qk_norm:
-            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
-            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+        self.qkv_bias = _weight(arch.q_size + 2 * arch.kv_size) if arch.attention_bias else None
+        self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.o_proj: nn.Module = Linear(arch.q_size, arch.hidden_size)
         self.uses_local_rope = arch.local_rope_theta is not None and arch.window(layer) > 0
         self.backend = layer_backend(backend, attention_options(arch, layer))
