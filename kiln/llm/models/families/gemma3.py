@@ -55,13 +55,18 @@ def arch_from_gguf(meta: GGUFMeta) -> ModelArch:
     elif scaling != "none":
         raise meta.fail(f"unsupported rope scaling type {scaling!r}")
     layers = fields["num_layers"]
-    pattern = int(meta.arch("attention.sliding_window_pattern", 6))
+    pattern = meta.arch("attention.sliding_window_pattern", 6)  # every n-th layer global, or a bool per layer
+    sliding = [bool(p) for p in pattern] if isinstance(pattern, list) else [
+        t == SLIDING for t in alternating(layers, int(pattern))
+    ]
+    if len(sliding) != layers:
+        raise meta.fail(f"sliding_window_pattern has {len(sliding)} entries for {layers} layers")
     final_cap = meta.arch("final_logit_softcapping", None)
     return ModelArch(
         **fields, family="gemma3", qk_norm=True, norm_plus_one=True, sandwich_norms=True, hidden_act="gelu_tanh",
         embed_scale=fields["hidden_size"] ** 0.5, query_scale=gguf_query_scale(meta, fields, 62),
         local_rope_theta=LOCAL_ROPE_THETA, final_logit_softcap=None if final_cap is None else float(final_cap),
-        layer_windows=meta.sliding_windows([t == SLIDING for t in alternating(layers, pattern)]),
+        layer_windows=meta.sliding_windows(sliding),
     )
 
 

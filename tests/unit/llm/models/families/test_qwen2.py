@@ -5,16 +5,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from kiln import LLM
 from tests.unit.llm.models.families import tiny
 
-QWEN_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory, smollm2_tokenizer):
     directory = tiny.build(tmp_path_factory.mktemp("qwen2"), Qwen2Config, Qwen2ForCausalLM, smollm2_tokenizer,
-                           chat_template=QWEN_TEMPLATE, tie_word_embeddings=True)
+                           chat_template=tiny.TEMPLATES["chatml"], tie_word_embeddings=True)
     return tiny.Reference.of(directory, smollm2_tokenizer)
 
 

@@ -27,6 +27,27 @@ from kiln.llm.scheduler.output import ScheduledChunk, SchedulerOutput
 from tests.integration.llm.bench_text import mixed_prompts
 
 GREEDY_TOKENS = 32
+
+# Chat templates in each family's style (the real ones are longer; what
+# matters here is that Kiln renders the checkpoint's own through transformers).
+TEMPLATES = {
+    "chatml": (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "mistral": (
+        "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} [/INST]"
+        "{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+    ),
+    "phi3": (
+        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+    "gemma": (
+        "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+        "{{ m.content }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+}
 TEXT_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 
 # Shared by every family: SmolLM2's tokenizer (49152 tokens), 64 wide, 2 layers,
@@ -142,8 +163,10 @@ def check_speculative_decoding(ref: Reference) -> None:
         assert llm.engine.last_stats is not None and llm.engine.last_stats.spec_num_draft_tokens > 0
 
 
-def check_int8(ref: Reference, atol: float) -> None:
-    """Weight-only int8 applies to every projection (the experts' too) and stays near fp32."""
+def check_int8(ref: Reference, atol: float, share: float = 1.0) -> None:
+    """Weight-only int8 applies to every projection (the experts' too) and stays
+    near fp32 at `share` of the positions (MoE: a token whose hidden state moves
+    across a routing boundary goes to another expert, and its output with it)."""
     llm = LLM(str(ref.directory), kv_cache_memory_gib=0.05, quantization="int8")
     from kiln.llm.layers.linear import Linear
 
@@ -151,7 +174,8 @@ def check_int8(ref: Reference, atol: float) -> None:
     ids = ref.prompts[1]
     with torch.inference_mode():
         expected = ref.model(torch.tensor([ids])).logits[0].float()
-    assert (kiln_prompt_logits(llm, ids) - expected).abs().max().item() < atol
+    close = (kiln_prompt_logits(llm, ids) - expected).abs().amax(dim=-1) < atol
+    assert close.float().mean().item() >= share
 
 
 # --- GGUF, written as llama.cpp's convert_hf_to_gguf.py writes the family ---
