@@ -32,10 +32,10 @@ from kiln.llm.engine.core_client import EngineCoreClient, ProcessEngineClient, T
 from kiln.llm.engine.input_processor import InputProcessor, Prompt
 from kiln.llm.engine.messages import EngineStats, Ready, StepResult
 from kiln.llm.engine.output_processor import OutputProcessor
+from kiln.llm.generation_defaults import GenerationDefaults, load_generation_defaults
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
-from kiln.llm.generation_defaults import GenerationDefaults, load_generation_defaults
 from kiln.llm.tokenizer import Tokenizer, load_chat_template, load_tokenizer
 
 log = logging.getLogger(__name__)

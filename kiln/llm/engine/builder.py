@@ -11,10 +11,10 @@ from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
+from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.llama import LlamaModel
-from kiln.llm.models import registry
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.parallel.executor import ParallelRunner
 from kiln.llm.parallel.layout import check_splittable

@@ -254,7 +254,7 @@ class LlamaModel(nn.Module):
                 type(layer) is LlamaLayer and type(attn) is LlamaAttention and type(mlp) is LlamaMLP
                 and type(attn.backend) is TorchPagedAttention and mlp.hidden_act == "silu"
             )
-            if not plain:
+            if not (plain and isinstance(mlp, LlamaMLP)):  # isinstance: for mypy, `plain` has checked it
                 return None
             fused = fused_decode.fused_layer(
                 attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj,

@@ -20,8 +20,8 @@ import dataclasses
 import torch
 
 from kiln.llm.kv_cache.manager import KVCacheManager
-from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.arch import ModelArch
+from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.registry import build_model
 from kiln.llm.request import Request

@@ -5,6 +5,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from kiln import LLM
 from tests.unit.llm.models.families import tiny
 
+
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory, smollm2_tokenizer):
     directory = tiny.build(tmp_path_factory.mktemp("qwen2"), Qwen2Config, Qwen2ForCausalLM, smollm2_tokenizer,

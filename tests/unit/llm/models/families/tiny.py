@@ -159,7 +159,8 @@ def check_speculative_decoding(ref: Reference) -> None:
     """n-gram and truncated-draft speculation verify against the target: greedy output unchanged."""
     for options in (dict(spec_method="ngram"), dict(spec_method="draft", draft_num_layers=1)):
         llm = LLM(str(ref.directory), kv_cache_memory_gib=0.05, num_speculative_tokens=3, **options)
-        assert greedy_outputs(llm, ref.prompts[:4]) == ref.greedy[:4], options
+        # Two prompts keep it short; a tiny random model repeats itself, so n-gram drafts too.
+        assert greedy_outputs(llm, ref.prompts[:2]) == ref.greedy[:2], options
         assert llm.engine.last_stats is not None and llm.engine.last_stats.spec_num_draft_tokens > 0
 
 
