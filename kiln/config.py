@@ -45,8 +45,13 @@ class ModelConfig:
         True, "CUDA: replay captured graphs for decode steps (batch padded to the next captured size)"
     )
     cuda_graph_max_batch_size: int = option(256, "CUDA: largest decode batch replayed from a graph (1-1024)")
+    chat_template: str | None = option(
+        None, "Jinja chat template, or a file holding one, used instead of the checkpoint's"
+    )
 
     def __post_init__(self) -> None:
+        if self.chat_template is not None and not self.chat_template.strip():
+            raise ConfigError("chat_template must not be empty", param="chat_template")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}", param="quantization"
