@@ -2,16 +2,33 @@
 
 Unknown fields are rejected (extra="forbid") and types are strict (no "1"
 for 1, no 1 for true), so a typo or an unsupported feature is a 400 naming
-the field, never a silently different answer. Ranges are checked once, by
-SamplingParams; only shapes are checked here.
+the field, never a silently different answer. What any value may be (text,
+int64, finite) and each field's representable range and size come from
+limits.py; sampling ranges are checked once, by SamplingParams.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
+from kiln.frontends.openai.limits import (
+    MAX_CONTENT_PARTS,
+    MAX_MESSAGES,
+    MAX_TOOL_CALLS,
+    Int32,
+    LogitBias,
+    Logprobs,
+    NonNegativeInt32,
+    PositiveInt32,
+    Prompt,
+    Seed,
+    Stop,
+    StopTokenIds,
+    TokenIds,
+    TopK,
+)
 from kiln.frontends.openai.strict import Strict
 from kiln.frontends.openai.structured import StructuredFields
 from kiln.frontends.openai.tools.protocol import ToolCall, ToolFields
@@ -25,38 +42,38 @@ class SamplingFields(StructuredFields):
     """Fields shared by completions and chat (structured outputs: structured.py)."""
 
     model: str | None = None  # None: the server's (only) model
-    n: int = 1
+    n: PositiveInt32 = 1
     temperature: float | None = None
     top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: Stop | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias | None = None
     user: str | None = None  # a route's sticky key (unless the x-kiln-route-key header gives one)
     # vLLM extras
-    top_k: int | None = None
+    top_k: TopK | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int = 0
+    min_tokens: NonNegativeInt32 = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: StopTokenIds | None = None
     include_stop_str_in_output: bool = False
-    priority: int = 0
+    priority: Int32 = 0
     # Kiln extra: false opts this request out of speculative decoding
     speculate: bool = True
     # vLLM extra: logprobs of every prompt token, with this many top alternatives
-    prompt_logprobs: int | None = None
+    prompt_logprobs: Int32 | None = None  # SamplingParams checks the range, naming the field
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: Prompt
+    max_tokens: NonNegativeInt32 | None = 16  # 0: score the prompt only (with echo or prompt_logprobs)
+    logprobs: Logprobs | None = None
     echo: bool = False
-    best_of: int | None = None
+    best_of: Int32 | None = None  # checked against n and max_n where those are known
 
 
 class TextPart(Strict):
@@ -73,9 +90,9 @@ class MediaPart(Strict):
 
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | MediaPart] | None = None
+    content: str | Annotated[list[TextPart | MediaPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None  # an assistant's calls
     tool_call_id: str | None = None  # role tool: the call this result answers
     refusal: str | None = None
 
@@ -86,22 +103,22 @@ class ChatMessage(Strict):
 
 
 class ChatCompletionRequest(SamplingFields, ToolFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None  # deprecated by OpenAI; max_completion_tokens wins
-    max_completion_tokens: int | None = None
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: PositiveInt32 | None = None  # deprecated by OpenAI; max_completion_tokens wins
+    max_completion_tokens: PositiveInt32 | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Logprobs | None = None
     add_generation_prompt: bool = True
 
 
 class TokenizeRequest(Strict):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(Strict):
     model: str | None = None
-    tokens: list[int]
+    tokens: TokenIds

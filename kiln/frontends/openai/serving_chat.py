@@ -13,7 +13,7 @@ from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.chat_tools import DeltaReader, answer_message, finish_reason, tool_parser
 from kiln.frontends.openai.common import Usage, finish_fields, new_id, now_s, parse
 from kiln.frontends.openai.logprobs import TokenTexts, chat_logprobs
-from kiln.frontends.openai.params import check_n, resolve_max_tokens, sampling_params
+from kiln.frontends.openai.params import check_n, check_work, resolve_max_tokens, sampling_params
 from kiln.frontends.openai.protocol import ChatCompletionRequest, ChatMessage, MediaPart
 from kiln.frontends.openai.streaming import stream_events
 from kiln.frontends.openai.streams import (
@@ -102,6 +102,7 @@ class ChatServing:
         settings = self.dataplane.config
         engine = served.generation_engine()
         check_n(req.n, settings.max_n)
+        check_work(1, req.n, settings.max_prompts_per_request)
         structured = grammar_spec(req)
         check_against_structured(plan, structured[0] if structured else None)
         spec = plan.spec or (structured[1] if structured else None)
@@ -109,8 +110,10 @@ class ChatServing:
         wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(wanted, len(ids), engine.max_model_len, settings.max_tokens_limit)
         logprobs = chat_logprobs_count(req)
-        params = [[sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, choice=i, structured=spec)
-                   for i in range(req.n)]]
+        params = [[sampling_params(
+            req, max_tokens=max_tokens, logprobs=logprobs, choice=i, defaults=engine.generation_defaults,
+            structured=spec,
+        ) for i in range(req.n)]]
         served.admit(engine, req.n)
         group_id = new_id("chatcmpl")
         streams = submit_group(engine, group_id, [ids], params, req.priority)

@@ -26,7 +26,7 @@ from kiln.frontends.openai.logprobs import (
     joined_logprobs,
     prompt_logprobs_body,
 )
-from kiln.frontends.openai.params import check_n, resolve_max_tokens, sampling_params
+from kiln.frontends.openai.params import check_n, check_work, resolve_max_tokens, sampling_params
 from kiln.frontends.openai.protocol import CompletionRequest
 from kiln.frontends.openai.streaming import stream_events
 from kiln.frontends.openai.streams import (
@@ -104,9 +104,11 @@ class CompletionServing:
         settings = self.dataplane.config
         engine = served.generation_engine()
         per_prompt = candidates_per_prompt(req, settings.max_n)
+        texts = split_prompts(req.prompt)
+        check_work(len(texts), per_prompt, settings.max_prompts_per_request)  # before any tokenizing
         structured = grammar_spec(req)
         spec = structured[1] if structured else None
-        prompts = [engine.inputs.tokenize(p)[1] for p in split_prompts(req.prompt)]
+        prompts = [engine.inputs.tokenize(p)[1] for p in texts]
         ranking = req.best_of is not None and req.best_of > req.n
         logprobs = req.logprobs if req.logprobs is not None or not ranking else 0
         prompt_logprobs = self._prompt_logprobs(req)
@@ -119,6 +121,7 @@ class CompletionServing:
                     ),
                     logprobs=logprobs,
                     choice=i,
+                    defaults=engine.generation_defaults,
                     structured=spec,
                     prompt_logprobs=prompt_logprobs,
                 )

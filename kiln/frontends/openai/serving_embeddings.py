@@ -17,13 +17,13 @@ from typing import Literal
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field
 
 from kiln.dataplane.dataplane import DataPlane
 from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import InvalidRequestError
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import new_id, parse
+from kiln.frontends.openai.limits import Int32, PositiveInt32, Prompt
 from kiln.frontends.openai.serving_completions import split_prompts
 from kiln.frontends.openai.streams import ClientGone, close_all, collect_finals, unless_disconnected
 from kiln.frontends.openai.strict import Strict
@@ -32,15 +32,15 @@ from kiln.llm.sampling_params import SamplingParams
 
 
 class EmbeddingRequest(Strict):
-    input: str | list[str] | list[int] | list[list[int]]
+    input: Prompt
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: PositiveInt32 | None = None
     user: str | None = None
     # Kiln extensions
     normalize: bool = True
     pooling: Literal["last", "mean"] | None = None  # default: the model's
-    priority: int = 0
+    priority: Int32 = 0
 
 
 def finish_vector(vector: list[float], dimensions: int | None, normalize: bool) -> np.ndarray:

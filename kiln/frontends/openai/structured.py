@@ -15,11 +15,12 @@ the field (kiln.llm.structured.validate checks the grammar itself).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 
 from kiln.errors import InvalidRequestError
+from kiln.frontends.openai.limits import Choices, GrammarText, Schema
 from kiln.frontends.openai.strict import Strict
 from kiln.llm.structured.spec import GrammarSpec, grammar_syntax
 
@@ -29,7 +30,7 @@ class JsonSchemaFormat(Strict):
 
     name: str = Field(default="response", max_length=64)
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: Schema | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -39,10 +40,10 @@ class ResponseFormat(Strict):
 
 
 class StructuredOutputsParams(Strict):
-    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
+    json_: Schema | GrammarText | None = Field(default=None, alias="json")
+    regex: GrammarText | None = None
+    choice: Choices | None = None
+    grammar: GrammarText | None = None
     json_object: bool | None = None
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
@@ -53,10 +54,10 @@ class StructuredFields(Strict):
 
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
-    guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
+    guided_json: Schema | GrammarText | None = None
+    guided_regex: GrammarText | None = None
+    guided_choice: Choices | None = None
+    guided_grammar: GrammarText | None = None
 
 
 def requested_specs(req: StructuredFields) -> list[tuple[str, GrammarSpec]]:

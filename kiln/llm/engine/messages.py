@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
+from kiln.errors import InvalidRequestError
 from kiln.llm.outputs import TokenLogprob
 from kiln.llm.sampling_params import SamplingParams
 
@@ -34,13 +35,26 @@ class EngineCoreOutput(msgspec.Struct):
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" (then `error` says why)
     stop_token_id: int | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
-    error: str | None = None  # the request failed in the engine (e.g. its grammar did not compile): a 400
+    error: str | None = None  # this request failed in the engine; the engine goes on (see `failed_output`)
+    invalid: bool = False  # ... through its own input (a 400, e.g. a grammar that does not compile), else a 500
+    error_param: str | None = None  # the request field at fault, when `invalid`
     embedding: list[float] | None = None  # pooled hidden state of an embedding request (not normalised)
     prompt_logprobs: list[TokenLogprob] | None = None  # for prompt positions not reported before
+
+
+def failed_output(request_id: str, error: Exception | str, num_preemptions: int = 0) -> EngineCoreOutput:
+    """The last output of a request that failed in the engine. An
+    InvalidRequestError is the request's own fault (the client's to fix);
+    anything else is the engine's."""
+    if isinstance(error, InvalidRequestError):
+        return EngineCoreOutput(request_id, [], finish_reason="error", num_preemptions=num_preemptions,
+                                error=error.message, invalid=True, error_param=error.param)
+    message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return EngineCoreOutput(request_id, [], finish_reason="error", num_preemptions=num_preemptions, error=message)
 
 
 class EngineStats(msgspec.Struct):
@@ -91,6 +105,8 @@ class Ready(msgspec.Struct, tag="ready"):
     block_size: int
     pid: int
     worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
+    # Stop tokens of the checkpoint (config.json, generation_config.json, GGUF eos/eot) beyond the tokenizer's.
+    eos_token_ids: list[int] = []
     # Memory this process holds (0: not known, e.g. with tensor/pipeline parallelism).
     weights_bytes: int = 0
     kv_cache_bytes: int = 0

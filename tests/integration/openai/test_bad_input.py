@@ -65,7 +65,7 @@ CASES = [
     (CHAT, {"messages": USER, "top_logprobs": 2}, 400, ["logprobs"], "top_logprobs"),
     (COMPLETIONS, {"prompt": [10**9]}, 400, ["token ids"], "prompt"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"x": 1}}, 400, ["logit_bias"], "logit_bias"),
-    (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, ["stop"], "stop"),
+    (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, ["stop"], "stop.0"),  # the list item at fault
     (COMPLETIONS, {"prompt": "x" * 30000}, 400, ["20000", "max_request_bytes"], "max_request_bytes"),
     (COMPLETIONS, {"prompt": "x", "model": "gpt-4"}, 404, ["gpt-4", "tiny"], "model"),
     # structured outputs

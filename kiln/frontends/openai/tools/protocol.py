@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
+from kiln.frontends.openai.limits import MAX_TOOLS, Schema
 from kiln.frontends.openai.strict import Strict
 
 
 class FunctionDefinition(Strict):
     name: str = Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: Schema | None = None  # a JSON schema: compiled when the tool is forced
     strict: bool | None = None
 
 
@@ -47,6 +48,6 @@ class ToolCall(Strict):
 class ToolFields(Strict):
     """Mixed into the chat request."""
 
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True

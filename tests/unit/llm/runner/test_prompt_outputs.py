@@ -14,7 +14,7 @@ PROMPTS = [list(range(5, 45)), list(range(100, 107)), [3, 9, 27, 81, 243, 729, 2
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
     # a 16-token budget splits the 40-token prompt over three chunks
-    return LLM(str(tiny_llama_dir), num_blocks=64, max_num_batched_tokens=16)
+    return LLM(str(tiny_llama_dir), num_blocks=64, max_num_batched_tokens=16, dtype="float32")  # exact vs HF
 
 
 @pytest.fixture(scope="module")
