@@ -11,7 +11,7 @@
 //   h, x = add_rms_norm(o, x); x = x + down(silu(gate) * up)
 //
 // A projection is given as the tensors its Linear module holds: [w] fp32,
-// [w int8, scales fp32] or [codes uint8, scale_min fp16] (int4, with its
+// [w int8, scales fp32] or [codes uint8, scale_min fp16 or fp32] (int4, with its
 // group size).
 #include <ATen/ATen.h>
 #include <torch/library.h>

@@ -1,19 +1,22 @@
 """A loaded model checkpoint: architecture, weights and where its tokenizer is.
 
 Invariant: every Checkpoint that `loader.load_checkpoint` returns has exactly
-the weights `expected_weight_shapes(arch)` names, with those shapes. Weight
-names are Hugging Face Llama names whatever the file format was, so model
-code has one naming scheme to know.
+the weights `expected_weight_shapes(arch)` names, with those shapes, each in
+`weights` (float) or `quantized` (a projection read from a pre-quantized
+checkpoint in Kiln's quantized layout, kiln.llm.quant.formats), never both.
+Weight names are Hugging Face Llama names whatever the file format was, so
+model code has one naming scheme to know.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
 from kiln.errors import ModelLoadError
 from kiln.llm.models.arch import LlamaArch
+from kiln.llm.quant.formats.stored import QuantizedWeight
 
 
 @dataclass
@@ -26,6 +29,12 @@ class Checkpoint:
     tokenizer_path: str
     # Human-readable origin (the path loaded), for logs and error messages.
     source: str
+    # HF names -> projections kept in their stored quantized form (absent from `weights`).
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+
+    def dequantized_weights(self) -> dict[str, torch.Tensor]:
+        """Every weight as a float tensor (quantized projections dequantized)."""
+        return {**self.weights, **{name: q.dequantize() for name, q in self.quantized.items()}}
 
 
 def expected_weight_shapes(arch: LlamaArch) -> dict[str, tuple[int, ...]]:
@@ -54,8 +63,10 @@ def expected_weight_shapes(arch: LlamaArch) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(arch: LlamaArch, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Raise ModelLoadError unless `weights` matches `arch` exactly."""
+def check_weights(
+    arch: LlamaArch, weights: Mapping[str, torch.Tensor | QuantizedWeight], source: str
+) -> None:
+    """Raise ModelLoadError unless `weights` (float and quantized) matches `arch` exactly."""
     check_none_missing(arch, weights.keys(), source)
     expected = expected_weight_shapes(arch)
     extra = sorted(weights.keys() - expected.keys())

@@ -1,6 +1,9 @@
 """Load a llama-architecture GGUF file (llama.cpp format) into a Checkpoint.
 
-Every tensor is dequantized to float32 and renamed to its Hugging Face name.
+Every tensor is renamed to its Hugging Face name. Layer projections stored
+as Q4_0, Q4_1 or Q4_K stay quantized (kiln.llm.quant.formats.gguf_blocks:
+their codes map 1:1 onto Kiln's int4 layout); every other tensor is
+dequantized to float32, and the log says which types were.
 Shape convention: GGUF lists dims innermost-first (`[cols, rows]`); the
 reader and `gguf.quants.dequantize` hand back numpy arrays shaped
 `[rows, cols]`, which is already the HF/PyTorch `[out_features, in_features]`.
@@ -8,8 +11,10 @@ reader and `gguf.quants.dequantize` hand back numpy arrays shaped
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,10 @@ from gguf.quants import dequantize
 from kiln.errors import ModelLoadError
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.models.checkpoint import Checkpoint, expected_weight_shapes
+from kiln.llm.quant.formats.gguf_blocks import EXACT_INT4_TYPES, gguf_int4_weight
+from kiln.llm.quant.formats.stored import FLOAT_ONLY, QuantizedWeight
+
+log = logging.getLogger(__name__)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -42,6 +51,7 @@ _BLOCK_NAMES = {
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _REQUIRED = object()
+_FLOAT_TYPES = ("F32", "F16", "BF16")
 # What a truncated or corrupt file makes the gguf reader raise.
 _CORRUPT_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError)
 
@@ -107,6 +117,28 @@ class GGUFFile:
             )
         return torch.from_numpy(_unpermute_if_qk(name, array, self.arch))
 
+    def read_quantized(self, name: str) -> QuantizedWeight | None:
+        """The projection `name` in Kiln's int4 layout, straight from its
+        blocks, or None if its type has no exact int4 map (see gguf_blocks)."""
+        tensor = self._tensors[name]
+        shape = self.shapes[name]
+        if name in FLOAT_ONLY or len(shape) != 2 or tensor.tensor_type not in EXACT_INT4_TYPES:
+            return None
+        if tensor.data.nbytes != tensor.n_bytes:
+            raise ModelLoadError(f"tensor {tensor.name} in {self.path} is truncated")
+        with _corrupt_as_load_error(self.path):
+            weight = gguf_int4_weight(tensor.data, tensor.tensor_type, *shape)
+        if weight is None:
+            return None
+        heads = _qk_heads(name, self.arch)
+        if heads is not None:
+            rows = unpermute_rows(np.arange(shape[0]).reshape(-1, 1), heads)[:, 0]
+            weight = weight.take_rows(torch.from_numpy(rows.copy()))
+        return weight
+
+    def tensor_type(self, name: str) -> str:
+        return self._tensors[name].tensor_type.name
+
 
 @contextlib.contextmanager
 def _corrupt_as_load_error(path: Path) -> Iterator[None]:
@@ -120,8 +152,22 @@ def _corrupt_as_load_error(path: Path) -> Iterator[None]:
 
 def load_gguf(path: Path) -> Checkpoint:
     file = GGUFFile(path)
-    weights = {name: file.read(name) for name in file.names}
-    return Checkpoint(arch=file.arch, weights=weights, tokenizer_path=str(path), source=str(path))
+    weights: dict[str, torch.Tensor] = {}
+    quantized: dict[str, QuantizedWeight] = {}
+    dequantized: Counter[str] = Counter()
+    for name in file.names:
+        weight = file.read_quantized(name)
+        if weight is not None:
+            quantized[name] = weight
+            continue
+        weights[name] = file.read(name)
+        if file.tensor_type(name) not in _FLOAT_TYPES:
+            dequantized[file.tensor_type(name)] += 1
+    log.info(
+        "%s: %d projections kept in their stored int4 blocks; dequantized to float32: %s", path, len(quantized),
+        ", ".join(f"{n} {t}" for t, n in sorted(dequantized.items())) or "none",
+    )
+    return Checkpoint(arch=file.arch, weights=weights, tokenizer_path=str(path), source=str(path), quantized=quantized)
 
 
 def _meta(reader: GGUFReader, key: str, path: Path, default: Any = _REQUIRED) -> Any:
@@ -225,11 +271,17 @@ def _dequantize(tensor: ReaderTensor, path: Path) -> np.ndarray:
 
 
 def _unpermute_if_qk(name: str, w: np.ndarray, arch: LlamaArch) -> np.ndarray:
+    heads = _qk_heads(name, arch)
+    return w if heads is None else unpermute_rows(w, heads)
+
+
+def _qk_heads(name: str, arch: LlamaArch) -> int | None:
+    """The head count whose row permutation llama.cpp applied to `name`, if any."""
     if name.endswith("self_attn.q_proj.weight"):
-        return unpermute_rows(w, arch.num_heads)
+        return arch.num_heads
     if name.endswith("self_attn.k_proj.weight"):
-        return unpermute_rows(w, arch.num_kv_heads)
-    return w
+        return arch.num_kv_heads
+    return None
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from kiln.errors import ModelLoadError
 from kiln.llm.models.arch import LlamaArch, RopeScaling
 from kiln.llm.models.checkpoint import Checkpoint
+from kiln.llm.quant.formats.hf import quant_method, split_prequantized
 
 # Architectures whose weights and forward pass are exactly Llama's.
 # Mistral is Llama plus an optional sliding window (rejected below); Qwen2 has
@@ -32,11 +33,20 @@ def load_hf_arch(directory: Path) -> LlamaArch:
     return arch_from_config(config, config_file, _generation_eos_ids(directory))
 
 
+def quantization_method(directory: Path) -> str | None:
+    """`quantization_config.quant_method` of a HF directory (None: a float checkpoint)."""
+    return quant_method(_read_json(directory / "config.json"))
+
+
 def load_hf_dir(directory: Path) -> Checkpoint:
     arch = load_hf_arch(directory)
-    weights = _load_safetensors(directory)
+    weights, quantized = split_prequantized(
+        _load_safetensors(directory), _read_json(directory / "config.json"), str(directory)
+    )
     _drop_derived_weights(weights, arch)
-    return Checkpoint(arch=arch, weights=weights, tokenizer_path=str(directory), source=str(directory))
+    return Checkpoint(
+        arch=arch, weights=weights, tokenizer_path=str(directory), source=str(directory), quantized=quantized
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

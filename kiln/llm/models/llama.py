@@ -2,11 +2,13 @@
 
 Projections are fused at load time (q|k|v and gate|up), so a layer runs two
 input matmuls instead of five. Weights arrive under Hugging Face names and
-each module knows where its pieces go (`load_weights`).
+each module knows where its pieces go (`load_weights`); projections a
+pre-quantized checkpoint stores quantized arrive as such and are installed
+as quantized modules (kiln.llm.quant.formats.stored).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import torch
@@ -26,6 +28,7 @@ from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.models.checkpoint import check_none_missing
 from kiln.llm.quant.apply import HEAD_METHOD, quantize_linears, quantize_weight
+from kiln.llm.quant.formats.stored import QuantizedWeight, StoredWeights, settle_prequantized
 
 
 def _weight(*shape: int) -> nn.Parameter:
@@ -125,16 +128,22 @@ class LlamaModel(nn.Module):
         self, device: torch.device, dtype: torch.dtype, quantization: str | None = None, group_size: int = 32,
         head_quantization: str | None = HEAD_METHOD, kv_cache_dtype: torch.dtype | None = None,
     ) -> LlamaModel:
-        """Make the loaded float32 model ready to serve, in place (returns self):
+        """Make the loaded model ready to serve, in place (returns self):
         moved to `device`; the attention backend chosen for the device and the
-        KV pool's dtype (default: `dtype`); its Linears quantized with
-        `quantization` and the LM head given a `head_quantization` copy (None:
-        none, or a float head); cast to `dtype`; fp32 CPU projections packed for
-        prefill; decode layers fused. Quantization precedes the cast, so codes
-        come from the float32 weights."""
+        KV pool's dtype (default: `dtype`); projections quantized as
+        `quantization` says; cast to `dtype`; fp32 CPU projections packed for
+        prefill; decode layers fused.
+
+        `quantization`: None keeps the projections a pre-quantized checkpoint
+        stored quantized (load_weights installed them) and the rest float;
+        "int4" also quantizes the float ones; "int8" quantizes every one
+        (stored int4 dequantized first); "float" dequantizes every one. With
+        "int8"/"int4" the LM head gets a `head_quantization` copy (None: none).
+        Quantization precedes the cast, so codes come from the float32 weights."""
+        settle_prequantized(self, device, keep=quantization in (None, "int4"))
         self.to(device=device)
         install_attention_backend(self, device, kv_cache_dtype or dtype)
-        if quantization is not None:
+        if quantization in ("int8", "int4"):
             quantize_linears(self, quantization, group_size)
             if head_quantization is not None:
                 self.quantize_head(head_quantization, group_size)
@@ -211,33 +220,55 @@ class LlamaModel(nn.Module):
         return project(hidden, self.lm_head, self.lm_head_packed).float()
 
     # ---- weights ----------------------------------------------------------
-    def load_weights(self, weights: dict[str, torch.Tensor], source: str = "") -> None:
-        """Copy HF-named tensors into the (fused) parameters. Every parameter
-        must be covered; other tensors are not read (a truncated draft model
-        takes the first layers of a whole checkpoint)."""
-        check_none_missing(self.arch, weights.keys(), source)
+    def load_weights(
+        self, weights: dict[str, torch.Tensor], source: str = "",
+        quantized: Mapping[str, QuantizedWeight] | None = None,
+    ) -> None:
+        """Copy HF-named tensors into the (fused) parameters; a projection whose
+        pieces are all in `quantized` (a pre-quantized checkpoint's) gets the
+        fused quantized module instead. Every parameter must be covered; other
+        tensors are not read (a truncated draft model takes the first layers
+        of a whole checkpoint)."""
+        stored = StoredWeights(weights, quantized)
+        check_none_missing(self.arch, stored.names(), source)
         a = self.arch
-        self._copy(self.embed_tokens, weights["model.embed_tokens.weight"], "model.embed_tokens.weight", source)
+        self._copy(self.embed_tokens, stored.float("model.embed_tokens.weight"), "model.embed_tokens.weight", source)
         if not a.tie_word_embeddings:
-            self._copy(self.lm_head, weights["lm_head.weight"], "lm_head.weight", source)
-        self._copy(self.norm.weight, weights["model.norm.weight"], "model.norm.weight", source)
+            self._copy(self.lm_head, stored.float("lm_head.weight"), "lm_head.weight", source)
+        self._copy(self.norm.weight, stored.float("model.norm.weight"), "model.norm.weight", source)
         for i, layer in enumerate(self.decoder_layers):
             p = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = torch.cat([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
-            self._copy(_float_weight(attn.qkv_proj), qkv, p + "self_attn.qkv", source)
-            self._copy(_float_weight(attn.o_proj), weights[p + "self_attn.o_proj.weight"], p + "o_proj", source)
-            gate_up = torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
-            self._copy(_float_weight(mlp.gate_up_proj), gate_up, p + "mlp.gate_up", source)
-            self._copy(_float_weight(mlp.down_proj), weights[p + "mlp.down_proj.weight"], p + "mlp.down_proj", source)
-            input_norm = weights[p + "input_layernorm.weight"]
+            qkv = stored.projection([p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+            self._load_projection(attn, "qkv_proj", qkv, p + "self_attn.qkv", source)
+            o = stored.projection([p + "self_attn.o_proj.weight"])
+            self._load_projection(attn, "o_proj", o, p + "o_proj", source)
+            gate_up = stored.projection([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+            self._load_projection(mlp, "gate_up_proj", gate_up, p + "mlp.gate_up", source)
+            down = stored.projection([p + "mlp.down_proj.weight"])
+            self._load_projection(mlp, "down_proj", down, p + "mlp.down_proj", source)
+            input_norm = stored.float(p + "input_layernorm.weight")
             self._copy(layer.input_layernorm.weight, input_norm, p + "input_layernorm", source)
             self._copy(
                 layer.post_attention_layernorm.weight,
-                weights[p + "post_attention_layernorm.weight"],
+                stored.float(p + "post_attention_layernorm.weight"),
                 p + "post_attention_layernorm",
                 source,
             )
+
+    @classmethod
+    def _load_projection(
+        cls, parent: nn.Module, attr: str, weight: torch.Tensor | QuantizedWeight, name: str, source: str
+    ) -> None:
+        target = _float_weight(getattr(parent, attr))
+        if isinstance(weight, torch.Tensor):
+            cls._copy(target, weight, name, source)
+            return
+        if tuple(weight.shape) != tuple(target.shape):
+            raise ModelLoadError(
+                f"{source}: weight {name} has shape {tuple(weight.shape)}, expected {tuple(target.shape)}"
+            )
+        setattr(parent, attr, weight.module())  # the float Linear (and its memory) goes
 
     @staticmethod
     def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str, source: str) -> None:

@@ -1,5 +1,8 @@
 """Perplexity of SmolLM2 on a fixed slice of Python's pydoc topics text:
-int8 within 1% of the float32 baseline, int4 within 6% (both computed here)."""
+int8 within 1% of the float32 baseline, int4 within 6% (both computed here).
+The default load (quantization unset) keeps the file's Q4_1 codes 1:1 as
+Kiln's int4: its weights are the float baseline's exactly, so only
+summation order separates the two (within 0.1%)."""
 from pydoc_data.topics import topics
 
 import pytest
@@ -27,12 +30,12 @@ def model_perplexity(checkpoint, ids, **options):
 
 @pytest.fixture(scope="module")
 def baseline(smollm2_checkpoint, ids):
-    ppl = model_perplexity(smollm2_checkpoint, ids)
+    ppl = model_perplexity(smollm2_checkpoint, ids, quantization="float")
     assert 2 < ppl < 100  # sane for a 135M model on this slice (~31)
     return ppl
 
 
-@pytest.mark.parametrize("method,max_ratio", [("int8", 1.01), ("int4", 1.06)])
+@pytest.mark.parametrize("method,max_ratio", [("int8", 1.01), ("int4", 1.06), (None, 1.001)])
 def test_quantized_perplexity_close_to_float(smollm2_checkpoint, ids, baseline, method, max_ratio):
     ppl = model_perplexity(smollm2_checkpoint, ids, quantization=method)
-    assert ppl / baseline < max_ratio, f"{method}: {ppl:.4f} vs float32 {baseline:.4f}"
+    assert abs(ppl / baseline - 1) < max_ratio - 1, f"{method}: {ppl:.4f} vs float32 {baseline:.4f}"
