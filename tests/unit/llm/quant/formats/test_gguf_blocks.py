@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import Q4_K, dequantize, quantize
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from kiln.errors import ModelLoadError
 from kiln.llm.layers.linear import Linear
 from kiln.llm.models.gguf_loader import GGUFFile
 from kiln.llm.models.loader import load_checkpoint
@@ -111,6 +112,13 @@ def test_float_mode_dequantizes_every_projection(tmp_path, float_model):
     assert not any(isinstance(m, Int4CpuLinear) for m in model.modules())
     q = ckpt.quantized["model.layers.1.mlp.down_proj.weight"].dequantize()
     assert torch.equal(model.decoder_layers[1].mlp.down_proj.weight, q)
+
+
+def test_a_type_kiln_cannot_read_is_refused_by_name(tmp_path, float_model):
+    types = {**FILES["Q4_1"], "mlp.up_proj.weight": T.Q8_1}  # an intermediate type of llama.cpp's
+    path = write_gguf(tmp_path / "q8_1.gguf", float_model.state_dict(), float_model.config, types)
+    with pytest.raises(ModelLoadError, match=r"unsupported tensor type Q8_1 for blk\.0\.ffn_up\.weight"):
+        load_checkpoint(path)
 
 
 @pytest.mark.slow
