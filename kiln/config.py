@@ -300,6 +300,14 @@ class ServerConfig:
     max_n: int = option(16, "largest n (choices per prompt) of a completion request")
     max_tokens_limit: int | None = option(None, "largest max_tokens a request may ask (default: the context)")
     shutdown_timeout: int = option(30, "seconds in-flight requests get to finish on SIGTERM")
+    autoscale_target_requests: float = option(
+        8.0, "requests in service per replica that the kiln:desired_replicas hint (and Ray Serve) aim at"
+    )
+    autoscale_smoothing_s: float = option(10.0, "time constant of the load averages behind kiln:desired_replicas")
+    autoscale_downscale_window_s: float = option(
+        60.0, "kiln:desired_replicas is the largest value of this many seconds (it falls only after)"
+    )
+    autoscale_backlog_drain_s: float = option(30.0, "kiln:desired_replicas asks for capacity to drain a queue in this")
     log_level: str = option("info", "log level", LOG_LEVELS)
     routes_file: str | None = option(
         None, "routes (public names that split traffic among models; default: routes.yaml in the repository)"
@@ -340,6 +348,11 @@ class ServerConfig:
             raise ConfigError(f"price_scope must be one of {PRICE_SCOPES}", param="price_scope")
         if not 1 <= self.cost_window_s <= 86400:
             raise ConfigError(f"cost_window_s must be in [1, 86400], got {self.cost_window_s}", param="cost_window_s")
+        for name in ("autoscale_target_requests", "autoscale_smoothing_s", "autoscale_backlog_drain_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive", param=name)
+        if self.autoscale_downscale_window_s < 0:
+            raise ConfigError("autoscale_downscale_window_s must be non-negative", param="autoscale_downscale_window_s")
 
     @property
     def grpc_port_resolved(self) -> int:

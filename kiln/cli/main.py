@@ -5,6 +5,9 @@ field, `--block-size` for `block_size`) and server flags from ServerConfig,
 each with the help and allowed values its field declares (kiln/config.py),
 so a new config field is a new flag with no edit here. Only flags given on
 the command line are passed on; the dataclasses own the defaults.
+
+Each command imports its own modules inside its function, so `kiln --help`
+and the light commands never load torch or the server stack.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, ServerConfig, SpecConfig, field_help
+from kiln.deploy.ray_config import RayServeConfig
 from kiln.errors import KilnError
 
 ENGINE_SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, SpecConfig, ParallelConfig)
@@ -30,6 +34,7 @@ GROUP_TITLES = {
     SpecConfig: "speculative decoding",
     ParallelConfig: "tensor / pipeline parallelism",
     ServerConfig: "server",
+    RayServeConfig: "Ray Serve replicas and autoscaling (with --ray)",
 }
 
 
@@ -82,9 +87,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
 # ---- serve -------------------------------------------------------------------
 
 
-def run_serve(args: argparse.Namespace, engine_names: list[str], server_names: list[str]) -> int:
-    # Imported here, as every command's own modules are: `kiln --help` and the
-    # light commands never pay for torch and the server stack.
+def run_serve(
+    args: argparse.Namespace, engine_names: list[str], server_names: list[str], ray_names: list[str]
+) -> int:
     from kiln.config import EngineConfig
     from kiln.llm.device import require_device
     from kiln.server.compose import build_dataplane
@@ -104,6 +109,13 @@ def run_serve(args: argparse.Namespace, engine_names: list[str], server_names: l
             f"engine flags ({', '.join(sorted(engine_options))}) apply to a command-line model; "
             "repository models take them from their config.yaml parameters"
         )
+    ray_options = given(args, ray_names)
+    if args.ray:
+        from kiln.deploy.ray_serve import run as run_on_ray
+
+        return run_on_ray(config, llm, RayServeConfig(**ray_options))
+    if ray_options:
+        raise KilnError(f"{', '.join('--' + n.replace('_', '-') for n in sorted(ray_options))} need --ray")
     return serve(build_dataplane(config, llm))
 
 
@@ -159,6 +171,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     )
     names["engine"] = add_engine_flags(serve)
     names["server"] = add_dataclass_flags(serve, ServerConfig)
+    serve.add_argument(
+        "--ray", action="store_true",
+        help="serve on Ray Serve: replicas of this server behind Ray's HTTP proxy on --host/--port, "
+        "autoscaled between --ray-min-replicas and --ray-max-replicas (docs/scaling.md)",
+    )
+    names["ray"] = add_dataclass_flags(serve, RayServeConfig)
 
     gen = sub.add_parser("generate", help="one-shot offline generation")
     add_engine_flags(gen)
@@ -194,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
-            return run_serve(args, names["engine"], names["server"])
+            return run_serve(args, names["engine"], names["server"], names["ray"])
         if args.command == "generate":
             return run_generate(args, names["engine"])
         if args.command == "worker":

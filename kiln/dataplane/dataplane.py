@@ -31,7 +31,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from kiln.config import EngineConfig, ServerConfig, flat_options
+from kiln.dataplane.autoscale import AutoscaleMonitor
 from kiln.dataplane.llm_model import LLMModel
+from kiln.dataplane.load import SourceLoad, version_load
 from kiln.dataplane.routed import TARGET_PARAMETER, ChosenLLM
 from kiln.dataplane.router import Router
 from kiln.dataplane.routing.call import RouteCall
@@ -41,6 +43,7 @@ from kiln.dataplane.served_llm import ServedLLM
 from kiln.dataplane.usage import batched_reading, llm_reading
 from kiln.errors import ConfigError, DrainingError, InvalidRequestError, KilnError, ModelNotFoundError
 from kiln.metrics.cost import CostCollector, UsageReading
+from kiln.metrics.desired_replicas import HintConfig
 from kiln.metrics.device import DeviceCollector
 from kiln.metrics.engine_memory import EngineMemoryCollector
 from kiln.metrics.process import ProcessCollector
@@ -56,7 +59,7 @@ from kiln.serving.types import InferRequest, InferResponse
 
 log = logging.getLogger(__name__)
 
-HOUSEKEEPING_S = 1.0  # canary ticks
+HOUSEKEEPING_S = 1.0  # canary ticks, autoscaling samples
 SAMPLES_PER_WINDOW = 60  # usage/CPU snapshots per cost window
 
 
@@ -78,6 +81,8 @@ class DataPlane:
         self.costs = CostCollector(self._usage, self._server_price(), config.cost_window_s, self._route_targets)
         self.registry.register(self.costs)
         self.registry.register(EngineMemoryCollector(self._engine_memory))
+        self.autoscale = AutoscaleMonitor(self.loads, hint_config(config))
+        self.registry.register(self.autoscale)
         self.command_line_models: list[str] = []  # their load failure stops the server
         self.draining = False
         self.started = False
@@ -145,6 +150,7 @@ class DataPlane:
         while True:
             try:
                 self.router.tick()
+                self.autoscale.sample()
                 if time.monotonic() - last_sample >= sample_every:
                     last_sample = time.monotonic()
                     self.costs.sample()
@@ -155,7 +161,8 @@ class DataPlane:
 
     # ---- health --------------------------------------------------------------
     def live(self) -> bool:
-        return True
+        """False once an engine died: it never comes back in this process, so it must restart."""
+        return "dead" not in self.model_states().values()
 
     def model_states(self) -> dict[str, str]:
         """Every model's state: ready, loading, unavailable, unloading, dead (an LLM engine died)."""
@@ -428,6 +435,11 @@ class DataPlane:
                 memory[(name, str(loaded.version))] = {"weights": info.weights_bytes, "kv_cache": info.kv_cache_bytes}
         return memory
 
+    def loads(self) -> dict[str, list[SourceLoad]]:
+        """Every loaded model's load now: per version, its LLM engine's or its own."""
+        loaded = self.models.loaded_versions()
+        return {name: [_version_source(v) for v in versions] for name, versions in loaded.items()}
+
     def _pids(self) -> dict[tuple[str, str], int | None]:
         pids: dict[tuple[str, str], int | None] = {}
         for name in self.llm_names():
@@ -443,6 +455,23 @@ def _no_version(name: str, version: str) -> None:
         raise InvalidRequestError(
             f"'{name}' is a route: it picks the version itself (its targets name versions); drop version {version!r}"
         )
+
+
+def _version_source(version: LoadedVersion) -> SourceLoad:
+    # An LLM's requests reach its engine from the OpenAI routes too, not only through the version.
+    model = version.async_model
+    if isinstance(model, LLMModel) and model.served is not None:
+        return model.served.current_load()
+    return version_load(version)
+
+
+def hint_config(config: ServerConfig) -> HintConfig:
+    return HintConfig(
+        target_requests=config.autoscale_target_requests,
+        smoothing_s=config.autoscale_smoothing_s,
+        downscale_window_s=config.autoscale_downscale_window_s,
+        backlog_drain_s=config.autoscale_backlog_drain_s,
+    )
 
 
 def _parse_override(value: Any, limits: Limits) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import logging
 import time
 
 from kiln.config import EngineConfig
+from kiln.dataplane.load import CountingObserver, RequestTotals, SourceLoad
 from kiln.dataplane.usage import UsageObserver
 from kiln.errors import EngineDeadError, KilnError, ModelLoadingError, ModelUnavailableError, OverloadedError
 from kiln.llm.engine.async_llm import AsyncLLM
@@ -42,6 +43,7 @@ class ServedLLM:
         self.draining = False
         self.metrics = metrics
         self.usage = UsageTotals()  # this engine's busy time, requests and tokens (cost gauges)
+        self.totals = RequestTotals()
 
     @property
     def state(self) -> str:
@@ -55,7 +57,7 @@ class ServedLLM:
 
     async def load(self) -> None:
         try:
-            observer = UsageObserver(self.metrics, self.usage)
+            observer = UsageObserver(CountingObserver(self.metrics, self.totals), self.usage)
             self.engine = await AsyncLLM.start(self.config, self.engine_mode, observer=observer)
         except Exception as e:
             self.load_error = e.message if isinstance(e, KilnError) else f"{type(e).__name__}: {e}"
@@ -100,9 +102,25 @@ class ServedLLM:
         pending = engine.num_pending
         if limit is not None and pending > 0 and pending + num_requests > limit:
             self.metrics.on_rejected()
+            self.totals.rejected += num_requests
             raise OverloadedError(
                 f"server overloaded: {pending} requests are queued (max_queued_requests={limit}); retry later"
             )
+
+    def current_load(self) -> SourceLoad:
+        """Totals since this engine started and its counts now (autoscaling inputs)."""
+        engine, totals = self.engine, self.totals
+        if engine is None:
+            return SourceLoad(key=id(self), rejected=totals.rejected)
+        return SourceLoad(
+            key=id(self),
+            finished=totals.finished,
+            rejected=totals.rejected,
+            latency_s=totals.latency_s,
+            queued=engine.num_pending,
+            in_flight=engine.num_in_flight,
+            oldest_wait_s=engine.oldest_pending_age(),
+        )
 
     def pids(self) -> dict[str, int | None]:
         """Processes of this engine by role (the engine core, parallel workers)."""

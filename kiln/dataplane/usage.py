@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kiln.dataplane.load import CountingObserver
 from kiln.metrics.cost import UsageReading, UsageTotals
 from kiln.metrics.server_metrics import RequestTiming, ServerMetrics, StepStats
 from kiln.serving.stats import ModelStats
@@ -24,7 +25,7 @@ class UsageObserver:
     """An engine observer: forwards every event to the model's metrics and
     adds the engine's use up in `totals`."""
 
-    def __init__(self, metrics: ServerMetrics, totals: UsageTotals):
+    def __init__(self, metrics: ServerMetrics | CountingObserver, totals: UsageTotals):
         self.metrics = metrics
         self.totals = totals
 

@@ -2,7 +2,9 @@
 data plane, plus the gRPC server, started and stopped with the app.
 
 The lifespan opens the ports at once and loads the models in the background,
-so /health answers 503 while they load. A command-line model that fails to
+so /health answers 503 while they load (unless the data plane's owner loaded
+them already: a Ray Serve replica does, so that it takes traffic only once
+it can serve). A command-line model that fails to
 load stops the server (`on_fatal`); a repository model that fails is
 reported and the others serve. On shutdown (after uvicorn drained) the gRPC
 server stops, then every model unloads.
@@ -33,13 +35,14 @@ def build_app(dataplane: DataPlane, on_fatal: Callable[[str], None] | None = Non
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         grpc_server = await _start_grpc(dataplane)
-        loading = asyncio.create_task(_load(dataplane, on_fatal))
+        loading = None if dataplane.started else asyncio.create_task(_load(dataplane, on_fatal))
         try:
             yield
         finally:
-            loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await loading
+            if loading is not None:
+                loading.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await loading
             if grpc_server is not None:
                 await grpc_server.stop(grace=5)
             await dataplane.shutdown()

@@ -173,6 +173,12 @@ class AsyncLLM:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
+    def oldest_pending_age(self) -> float:
+        """Seconds the oldest request with no token yet has waited (0 when none)."""
+        if not self._pending:
+            return 0.0
+        return time.monotonic() - min(self._times[rid].arrival for rid in self._pending)
+
     # ---- requests ------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0) -> RequestStream:
         """Validate and submit; errors (bad input, dead engine) raise here, before any output."""

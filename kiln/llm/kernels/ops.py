@@ -128,6 +128,7 @@ def _cuda_layers(x: torch.Tensor):
     KILN_KERNELS not 0), else None."""
     if x.device.type != "cuda" or os.environ.get("KILN_KERNELS", "1") == "0":
         return None
+    # Imported here: Triton is an optional dependency, needed only on CUDA.
     from kiln.llm.kernels.triton_env import triton_available
 
     if not triton_available():

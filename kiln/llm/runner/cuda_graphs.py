@@ -87,6 +87,7 @@ class DecodeBuffers:
 
     def metadata(self, batch: int, block_size: int, num_kv_heads: int) -> AttentionMetadata:
         """A decode step of `batch` rows over these buffers, with the Triton plan preset."""
+        # Imported here: Triton is an optional dependency, needed only on CUDA.
         from kiln.llm.attention.triton_backend import TritonPlan, decode_plan
 
         meta = AttentionMetadata(slot_mapping=self.slot_mapping[:batch], block_size=block_size, num_decodes=batch)
@@ -149,6 +150,7 @@ class CudaGraphRunner:
 
 def build_cuda_graphs(runner, config, max_model_len: int) -> CudaGraphRunner | None:
     """Captured decode graphs for a single-process CUDA runner, or None where they do not apply."""
+    # Imported here: Triton is an optional dependency, needed only on CUDA.
     from kiln.llm.attention.backend import AttentionBackend
     from kiln.llm.attention.triton_backend import TritonPagedAttention
 

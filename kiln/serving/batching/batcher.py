@@ -71,6 +71,12 @@ class DynamicBatcher:
     def queue_size(self) -> int:
         return len(self._queue)
 
+    def oldest_wait_s(self) -> float:
+        """Seconds the oldest queued request has waited (0 when none); the queue is in arrival order."""
+        if not self._queue:
+            return 0.0
+        return (time.perf_counter_ns() - self._queue[0].enqueued_ns) / 1e9
+
     async def submit(self, request: InferRequest) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs."""
         if self._closed:

@@ -170,6 +170,10 @@ class ModelManager:
                 rows.append(row)
         return [r for r in rows if not ready_only or r.get("state") == READY]
 
+    def loaded_versions(self) -> dict[str, list[LoadedVersion]]:
+        """Every model with loaded versions, lowest version first (reads no files)."""
+        return {name: [e.versions[v] for v in sorted(e.versions)] for name, e in self._entries.items() if e.versions}
+
     def all_ready(self) -> bool:
         return all(e.state == READY for e in self._entries.values() if e.reason != "unloaded")
 

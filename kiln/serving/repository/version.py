@@ -219,6 +219,9 @@ class LoadedVersion:
     def queue_size(self) -> int:
         return self.batcher.queue_size() if self.batcher else 0
 
+    def oldest_wait_s(self) -> float:
+        return self.batcher.oldest_wait_s() if self.batcher else 0.0
+
     async def close(self) -> None:
         self.closing = True
         await self._idle.wait()

@@ -3,6 +3,7 @@ gRPC) routes; the repository's `llm` model runs on one engine for both, and
 loading a new version swaps the engine both serve."""
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -81,6 +82,22 @@ def test_bad_llm_input_is_a_400_and_the_server_keeps_serving(server):
     r = server.post("/v2/models/tiny/infer", json=body)
     assert r.status_code == 400 and "empty" in r.json()["error"]
     assert server.get("/v2/health/ready").status_code == 200
+
+
+def test_autoscaling_metrics_cover_both_models(server):
+    """Queue, oldest wait, in-flight and the desired-replicas hint, per model, LLM and repository alike."""
+    client = server.openai()
+    for _ in range(3):
+        client.completions.create(model="tiny", prompt="Hello there", max_tokens=4, temperature=0)
+    time.sleep(2.5)  # the data plane samples every model once a second
+    for model in ("tiny", "double"):
+        assert server.metric("kiln:queue_length", model_name=model) == 0
+        assert server.metric("kiln:requests_in_flight", model_name=model) == 0
+        assert server.metric("kiln:queue_oldest_wait_seconds", model_name=model) == 0
+    # Three short requests just arrived and finished: a small demand, well under one replica (requests
+    # shorter than the 1 s sampling period may all fall between samples of the requests in service).
+    assert server.metric("kiln:autoscale_arrival_rate", model_name="tiny") > 0
+    assert 0 <= server.metric("kiln:desired_replicas", model_name="tiny") < 1
 
 
 def test_repo_validate_command(repository, capsys):

@@ -50,3 +50,16 @@ def test_generate_and_bench_parse():
     assert (args.prompt, args.chat, args.max_tokens, args.model) == ("Hi", True, 5, None)
     args = parser.parse_args(["bench", "serve", "--model", "m", "--request-rate", "2", "--goodput", "ttft:500"])
     assert (args.model, args.request_rate, args.goodput) == ("m", 2.0, ["ttft:500"])
+
+
+def test_ray_flags_are_derived_and_need_ray(capsys):
+    from kiln.cli.main import main
+    from kiln.deploy.ray_config import RayServeConfig
+
+    parser, names = build_parser()
+    assert set(names["ray"]) == {f.name for f in dataclasses.fields(RayServeConfig)}
+    args = parser.parse_args(["serve", "--ray", "--ray-max-replicas", "6", "--ray-autoscaling-policy", "kiln-hint"])
+    assert args.ray and RayServeConfig(**given(args, names["ray"])).ray_max_replicas == 6
+    # Ray options without --ray are a mistake, said before any model loads.
+    assert main(["serve", "/nonexistent.gguf", "--ray-max-replicas", "6"]) == 2
+    assert "--ray-max-replicas need --ray" in capsys.readouterr().err
