@@ -11,6 +11,7 @@ from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
+from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.llama import LlamaModel
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
-    model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
+    model = registry.build_model(checkpoint.arch, max_model_len)
     model.load_weights(checkpoint.weights, checkpoint.source, checkpoint.quantized)
     return finish_model(model, config)
 
