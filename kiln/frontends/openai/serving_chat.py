@@ -72,7 +72,9 @@ class ChatServing:
         wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(wanted, len(ids), engine.max_model_len, settings.max_tokens_limit)
         logprobs = chat_logprobs_count(req)
-        params = [[sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, choice=i) for i in range(req.n)]]
+        params = [[sampling_params(
+            req, max_tokens=max_tokens, logprobs=logprobs, choice=i, defaults=engine.generation_defaults,
+        ) for i in range(req.n)]]
         served.admit(engine, req.n)
         group_id = new_id("chatcmpl")
         streams = submit_group(engine, group_id, [ids], params, req.priority)

@@ -70,6 +70,7 @@ class CompletionServing:
                     ),
                     logprobs=req.logprobs,
                     choice=i,
+                    defaults=engine.generation_defaults,
                 )
                 for i in range(req.n)
             ]

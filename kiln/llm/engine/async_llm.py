@@ -32,10 +32,11 @@ from kiln.llm.engine.core_client import EngineCoreClient, ProcessEngineClient, T
 from kiln.llm.engine.input_processor import InputProcessor, Prompt
 from kiln.llm.engine.messages import EngineStats, Ready, StepResult
 from kiln.llm.engine.output_processor import OutputProcessor
+from kiln.llm.generation_defaults import GenerationDefaults, load_generation_defaults
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
-from kiln.llm.tokenizer import Tokenizer, load_tokenizer
+from kiln.llm.tokenizer import Tokenizer, load_chat_template, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class AsyncLLM:
     # Set by `start`, the only way to get an AsyncLLM that takes requests.
     info: Ready
     tokenizer: Tokenizer
+    generation_defaults: GenerationDefaults
     inputs: InputProcessor
     outputs: OutputProcessor
 
@@ -149,8 +151,12 @@ class AsyncLLM:
                 tokenizer = None  # the engine's model has its tokenizer elsewhere
         if tokenizer is None:
             tokenizer = await loop.run_in_executor(None, load_tokenizer, info.tokenizer_path)
+        template = self.client.config.model.chat_template
+        if template is not None:
+            tokenizer = tokenizer.with_chat_template(load_chat_template(template))
         self.info, self.tokenizer = info, tokenizer
-        self.inputs = InputProcessor(tokenizer, info.max_model_len, info.vocab_size)
+        self.generation_defaults = load_generation_defaults(info.tokenizer_path)
+        self.inputs = InputProcessor(tokenizer, info.max_model_len, info.vocab_size, tuple(info.eos_token_ids))
         self.outputs = OutputProcessor(tokenizer)
 
     async def shutdown(self) -> None:

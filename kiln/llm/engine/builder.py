@@ -11,6 +11,7 @@ from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
+from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.llama import LlamaModel
@@ -29,13 +30,13 @@ log = logging.getLogger(__name__)
 
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
-    model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
-    model.load_weights(checkpoint.weights, checkpoint.source)
+    model = registry.build_model(checkpoint.arch, max_model_len)
+    model.load_weights(checkpoint.weights, checkpoint.source, checkpoint.quantized)
     return finish_model(model, config)
 
 
 def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
-    """A loaded float32 model, finished as the config asks (LlamaModel.finish)."""
+    """A loaded model, finished as the config asks (LlamaModel.finish)."""
     device = require_device(config.model.device)
     m = config.model
     return model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config))
@@ -98,7 +99,9 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
         arch, reader, tokenizer_path = open_weights(path)
         checkpoint = Checkpoint(arch=arch, weights={}, tokenizer_path=tokenizer_path, source=path)
     else:
-        reader = DictReader(checkpoint.weights)
+        if checkpoint.quantized:
+            log.info("tensor/pipeline parallelism runs float weights: the stored int4 projections are dequantized")
+        reader = DictReader(checkpoint.dequantized_weights())
     check_splittable(checkpoint.arch, p.tensor_parallel_size, p.pipeline_parallel_size)
     max_model_len = decide_max_model_len(checkpoint, config)
     cache = config.cache

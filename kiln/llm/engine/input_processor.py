@@ -13,10 +13,14 @@ PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Tokenizer, max_model_len: int, vocab_size: int):
+    def __init__(
+        self, tokenizer: Tokenizer, max_model_len: int, vocab_size: int, model_eos_ids: tuple[int, ...] = ()
+    ):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        # The tokenizer's end-of-sequence token and the checkpoint's (generation_config.json, GGUF eot).
+        self.eos_token_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *model_eos_ids)))
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -52,7 +56,7 @@ class InputProcessor:
             request_id=request_id,
             prompt_token_ids=ids,
             sampling_params=params,
-            eos_token_ids=tuple(self.tokenizer.eos_token_ids),
+            eos_token_ids=self.eos_token_ids,
             priority=priority,
             arrival_time=time.monotonic(),
         )

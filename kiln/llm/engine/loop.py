@@ -120,6 +120,7 @@ def ready_message(core: EngineCore, checkpoint: Checkpoint) -> Ready:
         block_size=core.config.cache.block_size,
         pid=os.getpid(),
         worker_pids=core.runner.worker_pids,
+        eos_token_ids=list(checkpoint.arch.eos_token_ids),
         **_memory(core.runner),
     )
 

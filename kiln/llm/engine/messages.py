@@ -88,6 +88,8 @@ class Ready(msgspec.Struct, tag="ready"):
     block_size: int
     pid: int
     worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
+    # Stop tokens of the checkpoint (config.json, generation_config.json, GGUF eos/eot) beyond the tokenizer's.
+    eos_token_ids: list[int] = []
     # Memory this process holds (0: not known, e.g. with tensor/pipeline parallelism).
     weights_bytes: int = 0
     kv_cache_bytes: int = 0

@@ -131,6 +131,52 @@ inline __m256 silu_mul8(__m256 g, __m256 u) {
   return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
 }
 
+// sigmoid(u) from e = exp(-|u|): 1/(1+e) for u >= 0, e/(1+e) below.
+inline __m256 sigmoid8(__m256 u) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_and_ps(u, abs_mask)));
+  const __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, u);  // sign bit of u picks e
+  return _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+// GELU, tanh approximation: 0.5 g (1 + tanh(z)) = g sigmoid(2z), z = sqrt(2/pi) (g + 0.044715 g^3).
+inline __m256 gelu_tanh_mul8(__m256 g, __m256 u) {
+  const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+  const __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
+  return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(_mm256_add_ps(z, z))), u);
+}
+
+inline float gelu_tanh(float g) {
+  return 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+// gate_up [T, 2I] (gate | up) -> act(gate) * up [T, I], act vectorized by Vec, the tail by Scalar.
+template <typename Vec, typename Scalar>
+at::Tensor gated_mul(const at::Tensor& gu_in, const char* name, Vec vec, Scalar scalar) {
+  const at::Tensor gu = gu_in.contiguous();
+  check_rows(gu, name);
+  const int64_t T = gu.size(0), I = gu.size(1) / 2;
+  TORCH_CHECK(gu.size(1) == 2 * I, name, ": even width required");
+  at::Tensor out = at::empty({T, I}, gu.options());
+  const float* gp = gu.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  at::parallel_for(0, T, 4, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float *g = gp + t * 2 * I, *u = g + I;
+      float* o = op + t * I;
+      int64_t i = 0;
+      for (; i + 8 <= I; i += 8) _mm256_storeu_ps(o + i, vec(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+      for (; i < I; ++i) o[i] = scalar(g[i]) * u[i];
+    }
+  });
+  return out;
+}
+
+// gate_up [T, 2I] (gate | up) -> gelu_tanh(gate) * up [T, I] (Gemma's GeGLU).
+at::Tensor gelu_tanh_mul(const at::Tensor& gu) {
+  return gated_mul(gu, "gelu_tanh_mul", gelu_tanh_mul8, gelu_tanh);
+}
+
 // gate_up [T, 2I] (gate | up) -> silu(gate) * up [T, I].
 at::Tensor silu_mul(const at::Tensor& gu_in) {
   const at::Tensor gu = gu_in.contiguous();
@@ -162,6 +208,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 }
 void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& sin) { ::rotary_(q, k, cos, sin); }
 at::Tensor silu_mul(const at::Tensor& gate_up) { return ::silu_mul(gate_up); }
+at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) { return ::gelu_tanh_mul(gate_up); }
 }  // namespace kiln
 
 
@@ -170,10 +217,12 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rotary_", rotary_);
   m.impl("silu_mul", silu_mul);
+  m.impl("gelu_tanh_mul", gelu_tanh_mul);
 }

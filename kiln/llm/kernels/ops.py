@@ -91,21 +91,25 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> to
 
 def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor | None:
     """x [M, K] fp32 @ int4-group weights^T (codes uint8 [N, K/2], scale_min
-    fp16 [N, K/G, 2]; layout in linear_f32.cpp's Int4Problem) with Kiln's
-    kernel (activations stay fp32, any M), or None when it does not apply."""
-    if not _weight_only_applies(x, codes, torch.uint8, scale_min, torch.float16):
+    fp16 or fp32 [N, K/G, 2]; layout in linear_f32.cpp's Int4Problem) with
+    Kiln's kernel (activations stay fp32, any M), or None when it does not apply."""
+    params_dtype = torch.float32 if scale_min.dtype == torch.float32 else torch.float16
+    if not _weight_only_applies(x, codes, torch.uint8, scale_min, params_dtype):
         return None
     return torch.ops.kiln.linear_w4(x, codes, scale_min, group_size)
 
 
 def paged_decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, block_size: int,
+    context_lens: torch.Tensor, block_size: int, scale: float | None = None, window: int = 0,
+    softcap: float | None = None,
 ) -> torch.Tensor | None:
     """Decode attention read in place from the paged pool (q [B, H, D] fp32,
     pools [slots, KVH, D] fp32, fp16 or bf16) -> [B, H, D], or None when the
     kernel does not apply (library absent, not CPU, other dtypes, head_dim
-    not a multiple of 16, or more than 8 query heads per kv head)."""
+    not a multiple of 16, or more than 8 query heads per kv head). `scale`
+    defaults to head_dim ** -0.5; `window` > 0 reads only each row's last
+    `window` keys; `softcap` soft-caps the scores."""
     heads, kv_heads, head_dim = q.shape[1], k_pool.shape[1], q.shape[2]
     if (
         q.dtype != torch.float32
@@ -118,7 +122,8 @@ def paged_decode_attention(
     ):
         return None
     return torch.ops.kiln.paged_decode_attention(
-        q, k_pool, v_pool, block_tables, context_lens, block_size, head_dim**-0.5
+        q, k_pool, v_pool, block_tables, context_lens, block_size, head_dim**-0.5 if scale is None else scale,
+        window, softcap or 0.0,
     )
 
 
@@ -180,3 +185,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     if gate_up.dim() != 2 or not _fp32_cpu(gate_up):
         return None
     return torch.ops.kiln.silu_mul(gate_up)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """gelu_tanh(gate) * up for gate_up [T, 2I] = gate | up (fp32 CPU), or None."""
+    if gate_up.dim() != 2 or not _fp32_cpu(gate_up):
+        return None
+    return torch.ops.kiln.gelu_tanh_mul(gate_up)

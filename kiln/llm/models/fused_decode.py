@@ -13,19 +13,25 @@ It applies to a plain (not sharded) fp32 CPU model with Kiln's kernels
 loaded, every projection fp32, int8 or Kiln-format int4, a head layout the
 paged kernel takes, and a step of decode rows only, at most PACKED_MIN_ROWS
 of them (above that the module path's projections switch to oneDNN).
+Families whose layer is Llama's with q/k/v biases (Qwen2), q/k norms
+(Qwen3), partial rotary (Phi-4-mini) or a sliding window (Mistral, Phi-3)
+pass those to the kernel too; Gemma and mixture-of-experts layers do not
+qualify (their layers are not LlamaLayer/LlamaMLP).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from kiln.llm.attention.metadata import AttentionMetadata
+from kiln.llm.attention.options import AttentionOptions
 from kiln.llm.kernels.ops import kernels_loaded
 from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 from kiln.llm.layers.linear import Linear
-from kiln.llm.models.arch import LlamaArch
+from kiln.llm.models.arch import ModelArch
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
 from kiln.llm.quant.int8 import Int8Linear
 
@@ -39,9 +45,13 @@ class FusedLayer:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
     group_size: int  # of the int4 projections (0: none)
+    qkv_bias: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    window: int = 0  # sliding window (0: none)
 
 
-def supported(arch: LlamaArch, embed_tokens: torch.Tensor) -> bool:
+def supported(arch: ModelArch, embed_tokens: torch.Tensor) -> bool:
     """Kernels loaded, a head layout the paged kernel takes, fp32 weights on CPU."""
     heads_ok = (
         arch.head_dim % 16 == 0 and arch.num_heads % arch.num_kv_heads == 0
@@ -83,12 +93,23 @@ def fused_layer(
     return FusedLayer(qkv_t, o_t, gate_up_t, down_t, input_norm, post_norm, groups.pop() if groups else 0)
 
 
+def with_extras(
+    layer: FusedLayer, qkv_bias: torch.Tensor | None, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+    options: AttentionOptions,
+) -> FusedLayer | None:
+    """`layer` with the family's extras, or None if its attention is not what the kernel computes
+    (a softmax scale other than head_dim ** -0.5, soft-capped scores)."""
+    if options.scale is not None or options.logit_softcap is not None:
+        return None
+    return dataclasses.replace(layer, qkv_bias=qkv_bias, q_norm=q_norm, k_norm=k_norm, window=options.sliding_window)
+
+
 def applies(meta: AttentionMetadata, num_tokens: int) -> bool:
     return not meta.prefills and meta.num_decodes == num_tokens <= PACKED_MIN_ROWS
 
 
 def run(
-    layers: list[FusedLayer], arch: LlamaArch, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    layers: list[FusedLayer], arch: ModelArch, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
     kv_caches: list[torch.Tensor], meta: AttentionMetadata,
 ) -> torch.Tensor:
     """The decoder layers over a decode-only step; returns the residual stream."""
@@ -96,10 +117,11 @@ def run(
     tables = [g.block_tables for g in meta.decode_groups]
     lens = [g.context_lens for g in meta.decode_groups]
     cos, sin = rope
+    rotary_dim = a.rotary_dim or 0
     for f, kv_cache in zip(layers, kv_caches, strict=False):
         x = torch.ops.kiln.decode_layer(
             x, f.qkv, f.o, f.gate_up, f.down, f.group_size, f.input_norm, f.post_norm,
             a.rms_norm_eps, cos, sin, kv_cache, meta.slot_mapping, tables, lens, meta.block_size,
-            a.num_heads, a.num_kv_heads, a.head_dim,
+            a.num_heads, a.num_kv_heads, a.head_dim, f.qkv_bias, f.q_norm, f.k_norm, rotary_dim, f.window,
         )
     return x

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Literal
 
 from kiln.errors import ModelLoadError
+from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.checkpoint import Checkpoint, check_weights
-from kiln.llm.models.gguf_loader import load_gguf
-from kiln.llm.models.hf_loader import load_hf_dir
+from kiln.llm.models.gguf_loader import GGUFFile, load_gguf
+from kiln.llm.models.hf_loader import load_hf_arch, load_hf_dir
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,16 @@ def single_gguf_in(directory: Path) -> Path:
     raise ModelLoadError(f"several .gguf files in {directory} ({names}); pass the file path instead")
 
 
+def read_arch(path: str | Path) -> ModelArch:
+    """A model path's arch from its metadata alone (config.json, or the GGUF
+    header): an unsupported architecture fails here, before any weight is read."""
+    files = locate_model(path)
+    return load_hf_arch(files.path) if files.format == "hf" else GGUFFile(files.path).arch
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Load a HF Llama directory, a .gguf file, or a directory holding one .gguf."""
     files = locate_model(path)
     ckpt = load_hf_dir(files.path) if files.format == "hf" else load_gguf(files.path)
-    check_weights(ckpt.arch, ckpt.weights, ckpt.source)
+    check_weights(ckpt.arch, {**ckpt.weights, **ckpt.quantized}, ckpt.source)
     return ckpt
