@@ -78,6 +78,10 @@ def _guard(handler):
     async def wrapper(*args, **kwargs):
         try:
             return await handler(*args, **kwargs)
+        except ClientGone:
+            # Nobody reads this answer; returning one (rather than raising)
+            # keeps a hang-up out of the server's error log.
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         except KilnError as exc:
             return error_response(exc)
         except Exception as exc:  # noqa: BLE001 - never leak a traceback to the client
@@ -136,6 +140,13 @@ async def _json_body(request: Request, limits: Limits) -> dict:
     return doc
 
 
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request its client abandoned
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; the work was cancelled."""
+
+
 async def _until_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -153,7 +164,7 @@ async def _cancel_on_disconnect(request: Request, work):
         watcher.cancel()
     if not task.done():
         task.cancel()
-        raise asyncio.CancelledError
+        raise ClientGone
     return task.result()
 
 
