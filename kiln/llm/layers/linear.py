@@ -13,27 +13,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.llm.kernels.ops import PACKED_MIN_ROWS, linear_f32, linear_packed, pack_linear_weight
+from kiln.llm.kernels import ops
+from kiln.llm.kernels.ops import linear_packed, pack_linear_weight, packed_min_rows
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T; up to LINEAR_MAX_ROWS rows (decode, verification, short
-    prefill chunks) take Kiln's fp32 kernel."""
-    y = linear_f32(x, weight)
+    """x @ weight^T; up to LINEAR_MAX_ROWS (fp32) or BF16_LINEAR_MAX_ROWS
+    (bf16) rows (decode, verification, short prefill chunks) take Kiln's kernel."""
+    y = ops.linear(x, weight)
     return F.linear(x, weight) if y is None else y
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
     """x @ weight^T, through `packed` (weight's oneDNN copy) when there is
-    one and x has more than PACKED_MIN_ROWS fp32 rows."""
-    if packed is not None and x.shape[0] > PACKED_MIN_ROWS and x.dtype == torch.float32 and x.dim() == 2:
+    one, x is in its dtype and has more than packed_min_rows(dtype) rows."""
+    if packed is not None and x.dim() == 2 and x.dtype == packed.dtype and x.shape[0] > packed_min_rows(x.dtype):
         return linear_packed(x, packed)
     return linear(x, weight)
 
 
 def pack_for_prefill(model: nn.Module) -> int:
-    """Give every fp32 CPU `Linear` of a finished model a oneDNN-packed copy
-    of its weight for prefill-sized inputs; returns how many got one. Run
+    """Give every fp32 or bf16 CPU `Linear` of a finished model a oneDNN-packed
+    copy of its weight for prefill-sized inputs; returns how many got one. Run
     last: the copy does not follow later changes to the weight."""
     packed = 0
     for module in model.modules():

@@ -7,10 +7,11 @@ in the same order as LlamaLayer.forward, so its output is bit-identical
 (tests/unit/kernels/test_decode_layer.py); this module decides when it
 applies and hands it each layer's tensors, gathered once after load.
 
-It applies to a plain (not sharded) fp32 CPU LlamaModel with Kiln's kernels
-loaded, every projection fp32, int8 or Kiln-format int4, a head layout the
-paged kernel takes, and a step of decode rows only, at most PACKED_MIN_ROWS
-of them (above that the module path's projections switch to oneDNN).
+It applies to a plain (not sharded) fp32 or bf16 CPU LlamaModel with Kiln's
+kernels loaded, every projection in the model's dtype (fp32 models: also
+int8 or Kiln-format int4), a head layout the paged kernel takes, and a step
+of decode rows only, at most packed_min_rows(dtype) of them (above that the
+module path's projections switch to oneDNN).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 
 from kiln.llm.attention.backend import TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
-from kiln.llm.kernels.ops import PACKED_MIN_ROWS, kernels_loaded
+from kiln.llm.kernels.ops import kernels_loaded, packed_min_rows
 from kiln.llm.layers.linear import Linear
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
 from kiln.llm.quant.int8 import Int8Linear
@@ -37,10 +38,13 @@ class FusedLayer:
     group_size: int  # of the int4 projections (0: none)
 
 
-def projection_tensors(module) -> tuple[list[torch.Tensor], int] | None:
-    """(tensors the kernel takes, int4 group size or 0), or None."""
-    if type(module) is Linear and module.weight.dtype == torch.float32 and module.weight.is_contiguous():
+def projection_tensors(module, dtype: torch.dtype) -> tuple[list[torch.Tensor], int] | None:
+    """(tensors the kernel takes, int4 group size or 0) for a model of
+    `dtype`, or None. The quantized kernels take fp32 activations only."""
+    if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
         return [module.weight], 0
+    if dtype != torch.float32:
+        return None
     if type(module) is Int8Linear:
         return [module.weight_int8, module.scales_f32], 0
     if type(module) is Int4CpuLinear:
@@ -54,7 +58,8 @@ def prepare(model) -> list[FusedLayer] | None:
 
     a = model.arch
     heads_ok = a.head_dim % 16 == 0 and a.num_heads % a.num_kv_heads == 0 and a.num_heads // a.num_kv_heads <= 8
-    if not (kernels_loaded() and heads_ok and model.embed_tokens.dtype == torch.float32
+    dtype = model.embed_tokens.dtype
+    if not (kernels_loaded() and heads_ok and dtype in (torch.float32, torch.bfloat16)
             and model.embed_tokens.device.type == "cpu"):
         return None
     layers = []
@@ -62,7 +67,7 @@ def prepare(model) -> list[FusedLayer] | None:
         if not (type(layer) is LlamaLayer and type(layer.self_attn) is LlamaAttention and type(layer.mlp) is LlamaMLP
                 and type(layer.self_attn.backend) is TorchPagedAttention):
             return None
-        parts = [projection_tensors(m) for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+        parts = [projection_tensors(m, dtype) for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                  layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         if any(p is None for p in parts):
             return None
@@ -75,8 +80,8 @@ def prepare(model) -> list[FusedLayer] | None:
     return layers
 
 
-def applies(meta: AttentionMetadata, num_tokens: int) -> bool:
-    return not meta.prefills and meta.num_decodes == num_tokens <= PACKED_MIN_ROWS
+def applies(meta: AttentionMetadata, num_tokens: int, dtype: torch.dtype = torch.float32) -> bool:
+    return not meta.prefills and meta.num_decodes == num_tokens <= packed_min_rows(dtype)
 
 
 def run(model, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: list[torch.Tensor],

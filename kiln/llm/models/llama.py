@@ -109,7 +109,7 @@ class LlamaModel(nn.Module):
         """Returns final hidden states [T, hidden] (normed)."""
         x = F.embedding(input_ids, self.embed_tokens)
         rope = self.rotary.tables(positions)
-        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0]):
+        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0], x.dtype):
             return self.norm(fused_decode.run(self, x, rope, kv_caches, meta))
         for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
             x = layer(x, rope, kv_cache, meta)
