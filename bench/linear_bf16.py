@@ -41,11 +41,11 @@ def weights() -> list[torch.Tensor]:
     return ws + [torch.randn(LM_HEAD[1], LM_HEAD[0], dtype=torch.bfloat16)]
 
 
-def one_pass(ws: list[torch.Tensor], xs: dict[int, torch.Tensor], op) -> float:
-    started = time.perf_counter()
+def one_pass(ws: list[torch.Tensor], xs: dict[int, torch.Tensor], op, clock=time.perf_counter) -> float:
+    started = clock()
     for w in ws:
         op(xs[w.shape[1]], w)
-    return time.perf_counter() - started
+    return clock() - started
 
 
 def contenders(ws: list[torch.Tensor], with_fp32: bool) -> dict[str, tuple[object, torch.dtype]]:
@@ -72,6 +72,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 48, 64, 128, 256])
     ap.add_argument("--fp32", action="store_true", help="also time Kiln's fp32 kernel on fp32 weights")
     ap.add_argument("--only", default="", help="comma-separated contenders (default: all)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by the process's CPU time, not the wall clock (with --threads 1: steadier on a "
+                         "shared box, as time other processes take is not counted)")
     args = ap.parse_args()
     if not kernels_loaded():
         raise SystemExit("kernels not built: run `python -m kiln.llm.kernels.build`")
@@ -82,6 +85,7 @@ def main() -> None:
     ops = contenders(ws, args.fp32)
     if args.only:
         ops = {n: ops[n] for n in args.only.split(",")}
+    clock = time.process_time if args.cpu_time else time.perf_counter
     results = []
     for rows in args.rows:
         xs = {dtype: {k: torch.randn(rows, k).to(dtype) for k in {w.shape[1] for w in ws}}
@@ -89,7 +93,7 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in ops}
         for _ in range(args.repeats):
             for name, (op, dtype) in ops.items():
-                times[name].append(one_pass(ws, xs[dtype], op))
+                times[name].append(one_pass(ws, xs[dtype], op, clock))
         med = {name: statistics.median(t) for name, t in times.items()}
         best = min(med, key=med.__getitem__)
         results.append({"rows": rows, "best": best, **{f"{n}_ms": med[n] * 1e3 for n in ops}})

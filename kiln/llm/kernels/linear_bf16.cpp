@@ -11,8 +11,8 @@
 // shape computes an output by that same chain, so a row's result does not
 // depend on M or on the other rows (batch invariance); tiling and threads
 // as the fp32 kernel (linear_tiling.h):
-// - M = 1: one x row against 4 w rows per pass (4 independent chains);
-// - M <= 8: all rows against one w row, each weight leaves memory once;
+// - M <= 8: all rows against one w row, each weight leaves memory once
+//   (for M = 1 too: one sequential stream reads fastest);
 // - M > 8: 4 x rows by 4 w rows, 16 accumulators, 8 loads per 16 dot products.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,9 +29,31 @@ using kiln_linear::kPrefetchPasses;
 inline __m512bh load32(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 inline __m512bh load32(const uint16_t* p, __mmask32 keep) { return (__m512bh)_mm512_maskz_loadu_epi16(keep, p); }
 
+// The sum of an accumulator's 16 lanes as a fixed tree: lane i + lane i+8,
+// then i + i+4, i + i+2, i + i+1. (Reducing 16 accumulators at once by a
+// transposed tree of the same pairs measured no faster.)
+inline float reduce16(__m512 v) {
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+// Weight rows per pass for a single x row: one (a single sequential stream)
+// read 1.6x faster than four on Zen 4 (docs/benchmarks.md). A macro for tuning.
+#ifndef KILN_BF16_SINGLE_ROW_COLS
+#define KILN_BF16_SINGLE_ROW_COLS 1
+#endif
+#ifndef KILN_BF16_WIDE_ROWS
+#define KILN_BF16_WIDE_ROWS 4
+#define KILN_BF16_WIDE_COLS 4
+#endif
+
 template <typename Out>  // float or c10::BFloat16
 struct Bf16DotProblem {
-  static constexpr int kWideRows = 4, kWideCols = 4, kSingleRowCols = 4;
+  static constexpr int kWideRows = KILN_BF16_WIDE_ROWS, kWideCols = KILN_BF16_WIDE_COLS;
+  static constexpr int kSingleRowCols = KILN_BF16_SINGLE_ROW_COLS;
   const uint16_t* x;  // bf16 bits [M, K]
   const uint16_t* w;  // bf16 bits [N, K]
   Out* y;
@@ -69,7 +91,7 @@ struct Bf16DotProblem {
       }
     }
     for (int m = 0; m < MR; ++m)
-      for (int n = 0; n < NR; ++n) y[(m0 + m) * N + n0 + n] = static_cast<Out>(_mm512_reduce_add_ps(acc[m][n]));
+      for (int n = 0; n < NR; ++n) y[(m0 + m) * N + n0 + n] = static_cast<Out>(reduce16(acc[m][n]));
   }
 };
 

@@ -13,8 +13,9 @@
 //
 // Micro-kernel shapes (tiling and threading in linear_tiling.h):
 // - M <= 8 (decode, speculative verification): all rows against one w row
-//   (four w rows for M = 1, for enough independent FMA chains), so each
-//   weight row leaves memory once; the step is bandwidth-bound.
+//   (for M = 1: four w rows in the avx2 build, one in the avx512_bf16 build,
+//   see KILN_DENSE_SINGLE_ROW_COLS), so each weight row leaves memory once;
+//   the step is bandwidth-bound.
 // - M > 8: 4 x rows by 3 w rows, 12 accumulators in registers, 7 loads per
 //   12 FMAs; the step is compute-bound.
 //
@@ -44,10 +45,26 @@ using kiln_simd::load8;
 // NR>(m, n) computes y[m .. m+MR, n .. n+NR]. Kernels<P> below tiles and
 // threads any of them the same way.
 
+// Weight rows per pass for a single x row (macros for tuning experiments).
+// Zen 3 (the avx2 build's home) ran fastest with four rows, for enough
+// independent FMA chains; on Zen 4 (the avx512_bf16 build's) one row at a
+// time, a single sequential stream per thread, reads 1.5x faster
+// (docs/benchmarks.md). Int4 is compute-bound either way.
+#ifndef KILN_DENSE_SINGLE_ROW_COLS
+#ifdef KILN_AVX512_BF16
+#define KILN_DENSE_SINGLE_ROW_COLS 1
+#else
+#define KILN_DENSE_SINGLE_ROW_COLS 4
+#endif
+#endif
+#ifndef KILN_INT4_SINGLE_ROW_COLS
+#define KILN_INT4_SINGLE_ROW_COLS 4
+#endif
+
 // fp32, bf16 or int8 weight rows [N, K] (int8: scale[n] applied to the finished sum).
 template <typename W>
 struct DenseProblem {
-  static constexpr int kWideRows = 4, kWideCols = 3, kSingleRowCols = 4;
+  static constexpr int kWideRows = 4, kWideCols = 3, kSingleRowCols = KILN_DENSE_SINGLE_ROW_COLS;
   const float* x;
   const W* w;
   const float* scale;
@@ -97,7 +114,7 @@ struct DenseProblem {
 // [N, K/G, 2] fp16 (scale, min): w = q * scale + min, dequantized in registers
 // with one FMA; then the dot product runs as for fp32 weights.
 struct Int4Problem {
-  static constexpr int kWideRows = 4, kWideCols = 3, kSingleRowCols = 4;
+  static constexpr int kWideRows = 4, kWideCols = 3, kSingleRowCols = KILN_INT4_SINGLE_ROW_COLS;
   const float* x;
   const uint8_t* codes;
   const uint16_t* scale_min;

@@ -31,11 +31,13 @@ LINEAR_MAX_ROWS = 192
 # more rows than this take oneDNN: on the 2-core Zen3 box it beats Kiln's
 # kernel from 32-48 rows and MKL by 15-28% at 128-1024 rows (bench/linear_f32.py).
 PACKED_MIN_ROWS = 32
-# bf16 weights (bench/linear_bf16.py): up to BF16_LINEAR_MAX_ROWS rows take
-# Kiln's bf16 kernel, more take the oneDNN-packed copy above
-# BF16_PACKED_MIN_ROWS (or torch's F.linear without one).
-BF16_LINEAR_MAX_ROWS = 192
-BF16_PACKED_MIN_ROWS = 32
+# bf16 weights (bench/linear_bf16.py --cpu-time, Zen 4): Kiln's AVX512_BF16
+# kernel beats oneDNN's packed bf16 weights up to 8 rows and loses from 16,
+# so more than BF16_PACKED_MIN_ROWS rows take the packed copy where a layer
+# has one; without one, Kiln's kernel beats torch's F.linear up to 32 rows
+# and loses at 64 (BF16_LINEAR_MAX_ROWS).
+BF16_LINEAR_MAX_ROWS = 48
+BF16_PACKED_MIN_ROWS = 8
 # -------------------------------------------------------------------------------
 
 
