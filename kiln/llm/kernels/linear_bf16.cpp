@@ -21,24 +21,15 @@
 
 #include "kernels.h"
 #include "linear_tiling.h"
+#include "simd512.h"
 
 namespace {
 
 using kiln_linear::kPrefetchPasses;
+using kiln_simd512::reduce16;
 
 inline __m512bh load32(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 inline __m512bh load32(const uint16_t* p, __mmask32 keep) { return (__m512bh)_mm512_maskz_loadu_epi16(keep, p); }
-
-// The sum of an accumulator's 16 lanes as a fixed tree: lane i + lane i+8,
-// then i + i+4, i + i+2, i + i+1. (Reducing 16 accumulators at once by a
-// transposed tree of the same pairs measured no faster.)
-inline float reduce16(__m512 v) {
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
-}
 
 // Weight rows per pass for a single x row: one (a single sequential stream)
 // read 1.6x faster than four on Zen 4 (docs/benchmarks.md). A macro for tuning.
