@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kiln-installed
 TEST_STAMP := $(VENV)/.kiln-test-installed
+LINT_STAMP := $(VENV)/.kiln-lint-installed
 
-.PHONY: serve test install install-test bench clean
+.PHONY: serve test lint install install-test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,8 +32,18 @@ $(TEST_STAMP): $(STAMP)
 	$(PIP) --no-deps rapidocr-onnxruntime silero-vad
 	touch $(TEST_STAMP)
 
+$(LINT_STAMP): $(STAMP)
+	$(PIP) -e '.[lint]'
+	touch $(LINT_STAMP)
+
 install: $(STAMP)
 install-test: $(TEST_STAMP)
+
+# ruff (rules in pyproject.toml), mypy on kiln/, and the import-layer contracts.
+lint: $(LINT_STAMP)
+	$(BIN)/ruff check kiln tests bench examples
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 serve: install
 	$(BIN)/kiln serve $(ARGS)

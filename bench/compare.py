@@ -823,8 +823,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    from kiln.llm.models.checkpoint import load_checkpoint
     from kiln.llm.models.default_model import default_model_path
+    from kiln.llm.models.loader import load_checkpoint
     from kiln.llm.tokenizer import load_tokenizer
 
     args.gguf = default_model_path()

@@ -29,10 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload import corpus_text  # noqa: E402
 
 from kiln import LLM, SamplingParams  # noqa: E402
-from kiln.config import EngineConfig  # noqa: E402
-from kiln.llm.engine.llm_engine import LLMEngine  # noqa: E402
-from kiln.llm.models.checkpoint import load_checkpoint  # noqa: E402
 from kiln.llm.models.default_model import default_model_path  # noqa: E402
+from kiln.llm.models.loader import load_checkpoint  # noqa: E402
 
 # mode -> engine options. int8/int4 run their kernels in bfloat16 either way
 # (kiln/llm/quant/base.py); the model dtype only sets the activations between
@@ -52,21 +50,14 @@ MODES = {
 
 
 def set_head(model, mode: str) -> None:
-    from kiln.llm.quant.apply import quantize_weight
-
     if mode.endswith("-floathead"):
-        model.logits_head = None
+        model.quantize_head(None)
     elif mode.endswith("-int4head"):
-        model.logits_head = quantize_weight(model.embed_tokens.detach().float(), "int4", 32)
+        model.quantize_head("int4", 32)
 
 
 def make_llm(checkpoint, kv_gib: float = 0.1, **options) -> LLM:
-    llm = LLM.__new__(LLM)
-    llm.config = EngineConfig.from_flat(model=checkpoint.source, kv_cache_memory_gib=kv_gib, **options)
-    llm.engine = LLMEngine(llm.config, checkpoint)
-    llm.tokenizer = llm.engine.tokenizer
-    llm._counter = 0
-    return llm
+    return LLM(checkpoint=checkpoint, kv_cache_memory_gib=kv_gib, **options)
 
 
 def weight_bytes_per_token(model) -> int:

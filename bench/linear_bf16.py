@@ -13,7 +13,7 @@ interleaved in one process so machine noise hits all alike. Contenders:
 - torch: F.linear in bf16; onednn: `_linear_pointwise` on the packed weight;
 - with --fp32: Kiln's `linear_f32` on fp32 copies of the weights (twice the bytes).
 Prints ms per full pass and effective weight-read GB/s; the crossovers set
-BF16_LINEAR_MAX_ROWS and BF16_PACKED_MIN_ROWS in kiln/llm/kernels/ops.py.
+BF16_LINEAR_MAX_ROWS and BF16_PACKED_MIN_ROWS in kiln/llm/kernels/tuning.py.
 
     .venv/bin/python bench/linear_bf16.py [--threads 1] [--repeats 5] [--rows 1 8 32 ...] [--fp32]
 """

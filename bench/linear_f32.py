@@ -5,7 +5,7 @@ Streams every projection of a 30-layer SmolLM2-sized model plus its LM head
 (distinct weights, ~536 MB fp32, far beyond cache) for M rows, the kernels
 interleaved so machine noise hits all alike. Prints ms per full pass,
 effective weight-read GB/s and GFLOP/s; the crossovers set LINEAR_MAX_ROWS
-(Kiln vs MKL) and PACKED_MIN_ROWS (Kiln vs oneDNN).
+(Kiln vs MKL) and PACKED_MIN_ROWS (Kiln vs oneDNN) in kiln/llm/kernels/tuning.py.
 
     .venv/bin/python bench/linear_f32.py [--threads 1] [--repeats 7] [--rows 1 8 32 ...]
 """

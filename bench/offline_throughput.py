@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload import make_workload  # noqa: E402
 
 from kiln import LLM, SamplingParams  # noqa: E402
-from kiln.llm.models.checkpoint import load_checkpoint  # noqa: E402
 from kiln.llm.models.default_model import default_model_path  # noqa: E402
+from kiln.llm.models.loader import load_checkpoint  # noqa: E402
 
 
 def run_kiln(args, items) -> dict:

@@ -30,8 +30,8 @@ from kiln import SamplingParams
 from kiln.config import EngineConfig
 from kiln.llm.engine.builder import build_engine_core
 from kiln.llm.engine.messages import EngineCoreRequest
-from kiln.llm.models.checkpoint import load_checkpoint
 from kiln.llm.models.default_model import default_model_path
+from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.parallel.state import CommStats
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,7 +1,7 @@
 """Perplexity of SmolLM2 in float32, bfloat16, int8 and int4 on Python's
 pydoc topics text (bench/workload.py corpus_text), non-overlapping windows
 of --window tokens, each one prefill through Kiln's model
-(kiln/llm/quant/perplexity.py). --max-windows limits the run to the first N
+(kiln.llm.eval.perplexity.py). --max-windows limits the run to the first N
 windows (the full text is ~1.1M characters; say how many windows when quoting).
 
     PYTHONPATH=. .venv/bin/python bench/perplexity.py [--window 512] [--max-windows N]
@@ -21,9 +21,9 @@ from workload import corpus_text  # noqa: E402
 
 from kiln.config import EngineConfig  # noqa: E402
 from kiln.llm.engine.builder import build_model  # noqa: E402
-from kiln.llm.models.checkpoint import load_checkpoint  # noqa: E402
+from kiln.llm.eval.perplexity import perplexity  # noqa: E402
 from kiln.llm.models.default_model import default_model_path  # noqa: E402
-from kiln.llm.quant.perplexity import perplexity  # noqa: E402
+from kiln.llm.models.loader import load_checkpoint  # noqa: E402
 from kiln.llm.tokenizer import load_tokenizer  # noqa: E402
 
 MODES = {

@@ -1,7 +1,9 @@
 """Kiln's configuration: a tree of frozen dataclasses, validated once.
 
-Unknown keys are an error (`EngineConfig.from_dict`), and every range check
-lives here so the rest of the code may trust its config.
+Unknown keys are an error (`EngineConfig.from_flat`), and every range check
+lives here so the rest of the code may trust its config. Each field declares
+its one-line help (and allowed values) with `option(...)`; the `kiln` CLI
+derives every flag, its help and its choices from that metadata.
 """
 from __future__ import annotations
 
@@ -11,7 +13,18 @@ from typing import Any
 
 from kiln.errors import ConfigError
 
+
+def option(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
+    """A dataclass field with its CLI help and, where closed, its allowed values."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+def field_help(f: dataclasses.Field) -> tuple[str, tuple[Any, ...] | None]:
+    """(help, choices) declared for a config field by `option`."""
+    return f.metadata.get("help", ""), f.metadata.get("choices")
+
 DTYPES = ("float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3")
 DEVICES = ("cpu", "cuda")
 QUANTIZATIONS = (None, "int8", "int4")
 QUANT_GROUP_SIZES = (32, 64, 128, 256)
@@ -19,13 +32,19 @@ QUANT_GROUP_SIZES = (32, 64, 128, 256)
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str | None = None  # path to a HF dir or GGUF file; None = installed SmolLM2
-    dtype: str = "float32"
-    device: str = "cpu"
-    max_model_len: int | None = None  # None = the model's own context length
-    seed: int = 0
-    quantization: str | None = None  # weight-only: None | "int8" (per channel) | "int4" (group-wise)
-    quant_group_size: int = 32  # int4 group length along the input dimension
+    model: str | None = option(None, "HF model directory or .gguf file (default: the installed SmolLM2 GGUF)")
+    dtype: str = option("float32", "compute and weight dtype", DTYPES)
+    device: str = option("cpu", "device to run on: cpu, cuda or cuda:N")
+    max_model_len: int | None = option(None, "longest prompt + output in tokens (default: the model's context)")
+    seed: int = option(0, "seed of weight-independent randomness (sampling without a request seed)")
+    quantization: str | None = option(
+        None, "weight-only quantization: int8 (per output channel) or int4 (group-wise)", ("int8", "int4")
+    )
+    quant_group_size: int = option(32, "int4 group length along the input dimension", QUANT_GROUP_SIZES)
+    enable_cuda_graphs: bool = option(
+        True, "CUDA: replay captured graphs for decode steps (batch padded to the next captured size)"
+    )
+    cuda_graph_max_batch_size: int = option(256, "CUDA: largest decode batch replayed from a graph (1-1024)")
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -43,21 +62,23 @@ class ModelConfig:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}", param="device")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("max_model_len must be positive", param="max_model_len")
+        if not 1 <= self.cuda_graph_max_batch_size <= 1024:
+            raise ConfigError("cuda_graph_max_batch_size must be in [1, 1024]", param="cuda_graph_max_batch_size")
 
 
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
-    kv_cache_memory_gib: float = 1.0  # budget for the paged KV pool
-    num_blocks: int | None = None  # overrides the memory budget (tests)
-    enable_prefix_caching: bool = True
-    # What the pool stores: "auto" = the model's dtype. A 16-bit pool halves
-    # the bytes decode attention reads (keys and values are rounded once, when
-    # written; attention still computes in the model's dtype).
-    kv_cache_dtype: str = "auto"
+    block_size: int = option(16, "tokens per KV-cache block", BLOCK_SIZES)
+    kv_cache_memory_gib: float = option(1.0, "memory budget of the paged KV pool, GiB")
+    num_blocks: int | None = option(None, "KV blocks to allocate (overrides kv_cache_memory_gib)")
+    enable_prefix_caching: bool = option(True, "reuse KV blocks of identical prompt prefixes")
+    # A 16-bit pool halves the bytes decode attention reads (keys and values
+    # are rounded once, when written; attention still computes in the model's dtype).
+    # "fp8_e4m3" (CUDA only) quarters an fp32 pool, with a per-tensor scale per layer.
+    kv_cache_dtype: str = option("auto", "what the KV pool stores (auto = the model's dtype)", KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -65,7 +86,7 @@ class CacheConfig:
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
                 param="kv_cache_dtype",
             )
-        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+        if self.block_size not in BLOCK_SIZES:
             raise ConfigError("block_size must be a power of two up to 128", param="block_size")
         if self.kv_cache_memory_gib <= 0:
             raise ConfigError("kv_cache_memory_gib must be positive", param="kv_cache_memory_gib")
@@ -75,9 +96,9 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_batched_tokens: int = 1024  # token budget per engine step
-    max_num_seqs: int = 128
-    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = option(1024, "token budget of one engine step (prefill chunks + decodes)")
+    max_num_seqs: int = option(128, "most requests running at once")
+    enable_chunked_prefill: bool = option(True, "split long prompts over several steps")
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -93,23 +114,22 @@ SPEC_METHODS = (None, "ngram", "draft")
 class SpecConfig:
     """Speculative decoding (off unless `spec_method` is set).
 
-    Switch-off rule: drafts are proposed after a step only while at most
-    `max_batch_for_speculation` requests are running; a larger batch decodes
-    plainly (verification costs more than it saves once the step is
-    compute-bound). The default, 8, keeps a verification step at most
-    8 x (k + 1) = 40 rows for k = 4, where extra rows still cost little on
-    CPU (measured: at 16 requests n-gram speculation lost 9-11 % throughput;
-    docs/benchmarks.md). Per request,
-    `SamplingParams.speculate=False` opts out.
+    Drafts are proposed only while at most `max_batch_for_speculation`
+    requests run: a larger batch is compute-bound, where verifying drafts
+    costs more than it saves (the default is tuned by bench/spec_decode.py;
+    docs/benchmarks.md, "Speculative decoding"). `SamplingParams.speculate=False`
+    opts one request out.
     """
 
-    spec_method: str | None = None  # None | "ngram" | "draft"
-    num_speculative_tokens: int = 4  # k: drafts proposed per step and request
-    ngram_min_n: int = 1
-    ngram_max_n: int = 4
-    draft_model: str | None = None  # HF dir / GGUF sharing the target's vocabulary
-    draft_num_layers: int = 1  # no draft_model: the target's first N layers + its LM head
-    max_batch_for_speculation: int = 8
+    spec_method: str | None = option(
+        None, "speculative decoding: ngram (prompt lookup) or draft (a model)", ("ngram", "draft")
+    )
+    num_speculative_tokens: int = option(4, "draft tokens proposed per step and request (1-16)")
+    ngram_min_n: int = option(1, "shortest n-gram matched by ngram proposals")
+    ngram_max_n: int = option(4, "longest n-gram matched by ngram proposals")
+    draft_model: str | None = option(None, "draft model (HF dir or .gguf) sharing the target's vocabulary")
+    draft_num_layers: int = option(1, "without draft_model: the draft is the target's first N layers")
+    max_batch_for_speculation: int = option(8, "no drafts while more requests than this run")
 
     def __post_init__(self) -> None:
         if self.spec_method not in SPEC_METHODS:
@@ -141,11 +161,14 @@ class ParallelConfig:
     torch.distributed backend: gloo on CPU, NCCL (plus gloo for plans) on CUDA.
     """
 
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    worker_launch: str = "spawn"
-    num_micro_batches: int | None = None  # per step with PP; None = pipeline_parallel_size
-    dist_timeout_s: float = 300.0  # a collective that waits longer fails (backstop for hangs)
+    tensor_parallel_size: int = option(1, "tensor-parallel ranks (one process each)")
+    pipeline_parallel_size: int = option(1, "pipeline stages (one process each)")
+    worker_launch: str = option(
+        "spawn", "spawn: start the other ranks here; env: join ranks started elsewhere (torchrun-style)",
+        WORKER_LAUNCHES,
+    )
+    num_micro_batches: int | None = option(None, "micro-batches per step with pipeline parallelism (default: stages)")
+    dist_timeout_s: float = option(300.0, "seconds a collective may wait before it fails (hang backstop)")
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -175,6 +198,12 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
+        if self.cache.kv_cache_dtype == "fp8_e4m3" and not self.model.device.startswith("cuda"):
+            raise ConfigError(
+                "kv_cache_dtype 'fp8_e4m3' needs --device cuda (Kiln's Triton attention kernels); "
+                f"on {self.model.device!r} use float16, bfloat16 or float32",
+                param="kv_cache_dtype",
+            )
         if self.parallel.world_size > 1 and self.spec.spec_method is not None:
             raise ConfigError(
                 "speculative decoding is not supported with tensor or pipeline parallelism yet; "
@@ -207,5 +236,120 @@ class EngineConfig:
         for key, value in options.items():
             if key not in owners:
                 raise ConfigError(f"unknown engine option {key!r}", param=key)
+            check_type(sections[owners[key]], key, value)
             grouped[owners[key]][key] = value
         return cls(**{name: sections[name](**kw) for name, kw in grouped.items()})
+
+
+_SCALARS = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
+
+
+def check_type(cls: type, name: str, value: Any) -> None:
+    """ConfigError unless `value` fits field `name` of `cls` (annotations like 'int | None')."""
+    annotation = {f.name: f.type for f in dataclasses.fields(cls)}[name]
+    kinds = [k.strip() for k in str(annotation).split("|")]
+    if value is None and "None" in kinds:
+        return
+    allowed = tuple(t for k in kinds for t in _SCALARS.get(k, ()))
+    wrong_bool = isinstance(value, bool) and bool not in allowed  # True is an int to isinstance
+    if wrong_bool or (allowed and not isinstance(value, allowed)):
+        raise ConfigError(f"{name} must be {' or '.join(kinds)}, got {value!r}", param=name)
+
+
+def flat_options(config: EngineConfig) -> dict[str, Any]:
+    """The options that differ from the defaults, flat: `EngineConfig.from_flat` inverted."""
+    defaults = EngineConfig()
+    options = {}
+    for section in dataclasses.fields(EngineConfig):
+        given, default = getattr(config, section.name), getattr(defaults, section.name)
+        for f in dataclasses.fields(given):
+            if getattr(given, f.name) != getattr(default, f.name):
+                options[f.name] = getattr(given, f.name)
+    return options
+
+
+ENGINE_MODES = ("process", "thread")
+PRICE_SCOPES = ("server", "device")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """`kiln serve` options that are not about one engine."""
+
+    host: str = option("127.0.0.1", "address to listen on (HTTP and gRPC)")
+    port: int = option(8000, "HTTP port (OpenAI and KServe v2 routes, /metrics, /health)")
+    grpc_port: int | None = option(
+        None, "KServe v2 gRPC port; default 8001 with --model-repository, else no gRPC; -1 disables"
+    )
+    api_key: str | None = option(None, "Bearer token required on every route but health, metrics, version")
+    served_model_name: str | None = option(None, "name of the command-line model (default: its file name)")
+    model_repository: str | None = option(None, "also serve this model repository (KServe v2 layout)")
+    strict_readiness: bool = option(True, "ready only when every repository model loaded")
+    engine_mode: str = option("process", "run each LLM engine core in its own process or in a thread", ENGINE_MODES)
+    max_queued_requests: int | None = option(None, "LLM requests waiting for a first token before 503s")
+    max_request_bytes: int = option(2 * 2**20, "largest OpenAI request body, bytes")
+    max_tensor_request_bytes: int = option(64 * 2**20, "largest KServe v2 request (HTTP body or gRPC message), bytes")
+    max_n: int = option(16, "largest n (choices per prompt) of a completion request")
+    max_tokens_limit: int | None = option(None, "largest max_tokens a request may ask (default: the context)")
+    shutdown_timeout: int = option(30, "seconds in-flight requests get to finish on SIGTERM")
+    autoscale_target_requests: float = option(
+        8.0, "requests in service per replica that the kiln:desired_replicas hint (and Ray Serve) aim at"
+    )
+    autoscale_smoothing_s: float = option(10.0, "time constant of the load averages behind kiln:desired_replicas")
+    autoscale_downscale_window_s: float = option(
+        60.0, "kiln:desired_replicas is the largest value of this many seconds (it falls only after)"
+    )
+    autoscale_backlog_drain_s: float = option(30.0, "kiln:desired_replicas asks for capacity to drain a queue in this")
+    log_level: str = option("info", "log level", LOG_LEVELS)
+    routes_file: str | None = option(
+        None, "routes (public names that split traffic among models; default: routes.yaml in the repository)"
+    )
+    price_per_hour: float | None = option(
+        None, "price in USD per hour (of the server, or of each device: --price-scope); enables the cost gauges"
+    )
+    price_scope: str = option(
+        "server", "what --price-per-hour prices: the whole server, or each GPU (times the GPUs found)", PRICE_SCOPES
+    )
+    cost_window_s: float = option(300.0, "sliding window of the cost, busy and CPU-utilisation gauges, seconds")
+
+    def __post_init__(self) -> None:
+        if self.grpc_port is not None and not -1 <= self.grpc_port <= 65535:
+            raise ConfigError(f"grpc_port must be in [-1, 65535], got {self.grpc_port}", param="grpc_port")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}", param="port")
+        if self.engine_mode not in ENGINE_MODES:
+            raise ConfigError(f"engine_mode must be one of {ENGINE_MODES}", param="engine_mode")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {LOG_LEVELS}", param="log_level")
+        if self.api_key == "":
+            raise ConfigError("api_key must not be empty", param="api_key")
+        for name in ("max_queued_requests", "max_tokens_limit"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} must be non-negative", param=name)
+        for name in ("max_request_bytes", "max_tensor_request_bytes", "max_n"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive", param=name)
+        if self.shutdown_timeout < 0:
+            raise ConfigError("shutdown_timeout must be non-negative", param="shutdown_timeout")
+        if self.price_per_hour is not None and not 0 <= self.price_per_hour < float("inf"):
+            raise ConfigError(
+                f"price_per_hour must be a non-negative number, got {self.price_per_hour}", param="price_per_hour"
+            )
+        if self.price_scope not in PRICE_SCOPES:
+            raise ConfigError(f"price_scope must be one of {PRICE_SCOPES}", param="price_scope")
+        if not 1 <= self.cost_window_s <= 86400:
+            raise ConfigError(f"cost_window_s must be in [1, 86400], got {self.cost_window_s}", param="cost_window_s")
+        for name in ("autoscale_target_requests", "autoscale_smoothing_s", "autoscale_backlog_drain_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive", param=name)
+        if self.autoscale_downscale_window_s < 0:
+            raise ConfigError("autoscale_downscale_window_s must be non-negative", param="autoscale_downscale_window_s")
+
+    @property
+    def grpc_port_resolved(self) -> int:
+        """The gRPC port to bind, or -1 for none."""
+        if self.grpc_port is not None:
+            return self.grpc_port
+        return 8001 if self.model_repository is not None else -1

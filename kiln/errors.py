@@ -90,3 +90,19 @@ class RequestTimeoutError(KilnError):
     http_status = 503
     grpc_code = "UNAVAILABLE"
     error_type = "timeout_error"
+
+
+class ModelLoadingError(ModelUnavailableError):
+    """The model is still loading; retry shortly."""
+
+    error_type = "model_loading_error"
+    retry_after_s = 5
+
+
+class DrainingError(KilnError):
+    """The server is shutting down and takes no new requests."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+    error_type = "server_draining_error"
+    retry_after_s = 5

@@ -38,7 +38,7 @@ def smollm2_tokenizer(smollm2_path):
 @pytest.fixture(scope="session")
 def smollm2_checkpoint(smollm2_path):
     """kiln Checkpoint of SmolLM2 (float32 weights, HF names). Do not mutate."""
-    from kiln.llm.models.checkpoint import load_checkpoint
+    from kiln.llm.models.loader import load_checkpoint
 
     return load_checkpoint(smollm2_path)
 
@@ -128,15 +128,8 @@ def make_smollm2_engine(smollm2_checkpoint):
     """Factory: a fresh kiln.LLM on SmolLM2 with the given engine options,
     sharing the already-loaded checkpoint (and the cached tokenizer)."""
     from kiln import LLM
-    from kiln.config import EngineConfig
-    from kiln.llm.engine.llm_engine import LLMEngine
 
     def make(**options):
-        llm = LLM.__new__(LLM)
-        llm.config = EngineConfig.from_flat(model=smollm2_checkpoint.source, **options)
-        llm.engine = LLMEngine(llm.config, smollm2_checkpoint)
-        llm.tokenizer = llm.engine.tokenizer
-        llm._counter = 0
-        return llm
+        return LLM(checkpoint=smollm2_checkpoint, **options)
 
     return make

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from kiln.llm.models.checkpoint import load_checkpoint
 from kiln.llm.models.default_model import default_model_path
+from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.tokenizer import load_tokenizer
 
 

@@ -83,8 +83,8 @@ def start_server(repo: Path, http_port: int, grpc_port: int) -> subprocess.Popen
     import httpx
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "kiln.serving.server", "--model-repository", str(repo),
-                             "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--log-level", "warning"],
+    proc = subprocess.Popen([sys.executable, "-m", "kiln.cli.main", "serve", "--model-repository", str(repo),
+                             "--port", str(http_port), "--grpc-port", str(grpc_port), "--log-level", "warning"],
                             env=env, cwd=ROOT)
     for _ in range(300):
         try:

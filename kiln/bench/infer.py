@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kiln.frontends.kserve.grpc.stubs import load_stubs
 from kiln.serving.codecs.tensors import to_raw
-from kiln.serving.types import numpy_dtype
+from kiln.serving.types import datatype_of, numpy_dtype
 
 PERCENTILES = (50, 90, 99)
 
@@ -102,8 +103,6 @@ class GrpcTarget:
     def __init__(self, url: str, model: str):
         import grpc
 
-        from kiln.frontends.kserve.grpc.stubs import load_stubs
-
         self.pb2, pb2_grpc = load_stubs()
         self.model = model
         self.channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", 1 << 30),
@@ -132,8 +131,6 @@ class GrpcTarget:
 
 
 def _datatype(value: np.ndarray) -> str:
-    from kiln.serving.types import datatype_of
-
     return datatype_of(value)
 
 

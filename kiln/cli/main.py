@@ -1,9 +1,13 @@
-"""The `kiln` command: serve, generate, bench serve, bench infer.
+"""The `kiln` command: serve, generate, worker, repo validate, bench serve, bench infer.
 
 Engine flags are derived from EngineConfig's dataclass fields (one flag per
-field, `--block-size` for `block_size`) and server flags from ServerSettings,
+field, `--block-size` for `block_size`) and server flags from ServerConfig,
+each with the help and allowed values its field declares (kiln/config.py),
 so a new config field is a new flag with no edit here. Only flags given on
 the command line are passed on; the dataclasses own the defaults.
+
+Each command imports its own modules inside its function, so `kiln --help`
+and the light commands never load torch or the server stack.
 """
 
 from __future__ import annotations
@@ -15,13 +19,23 @@ import os
 import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
-from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpecConfig
+from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, ServerConfig, SpecConfig, field_help
+from kiln.deploy.ray_config import RayServeConfig
 from kiln.errors import KilnError
-from kiln.frontends.settings import ServerSettings
 
 ENGINE_SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, SpecConfig, ParallelConfig)
+GROUP_TITLES = {
+    ModelConfig: "model",
+    CacheConfig: "KV cache",
+    SchedulerConfig: "scheduler",
+    SpecConfig: "speculative decoding",
+    ParallelConfig: "tensor / pipeline parallelism",
+    ServerConfig: "server",
+    RayServeConfig: "Ray Serve replicas and autoscaling (with --ray)",
+}
 
 
 def _flag_type(hint: Any) -> type:
@@ -35,19 +49,22 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[
     """One flag per field of `cls`; returns the field names added."""
     hints = typing.get_type_hints(cls)
     names = []
-    group = parser.add_argument_group(cls.__name__)
+    group = parser.add_argument_group(GROUP_TITLES.get(cls, cls.__name__))
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         flag, kind = "--" + f.name.replace("_", "-"), _flag_type(hints[f.name])
+        text, choices = field_help(f)
         default = f.default if f.default is not dataclasses.MISSING else None
+        if default is not None:
+            text += f" (default: {'on' if default is True else 'off' if default is False else default})"
         if kind is bool:
-            group.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=f"(default: {default})"
-            )
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
+            values = [c for c in choices or () if c is not None]
+            metavar = "{" + ",".join(map(str, values)) + "}" if values else kind.__name__.upper()
             group.add_argument(
-                flag, dest=f.name, type=kind, default=None, metavar=kind.__name__.upper(), help=f"(default: {default})"
+                flag, dest=f.name, type=kind, default=None, choices=values or None, metavar=metavar, help=text
             )
         names.append(f.name)
     return names
@@ -70,44 +87,53 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
 # ---- serve -------------------------------------------------------------------
 
 
-def run_serve(args: argparse.Namespace, engine_names: list[str], server_names: list[str]) -> int:
+def run_serve(
+    args: argparse.Namespace, engine_names: list[str], server_names: list[str], ray_names: list[str]
+) -> int:
     from kiln.config import EngineConfig
-    from kiln.frontends.dataplane import DataPlane
-    from kiln.frontends.server import serve
+    from kiln.llm.device import require_device
+    from kiln.server.compose import build_dataplane
+    from kiln.server.run import serve
 
     options = given(args, server_names)
     options.setdefault("api_key", os.environ.get("KILN_API_KEY") or None)
-    settings = ServerSettings(**options)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    dataplane = DataPlane(settings)
+    config = ServerConfig(**options)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine_options = given(args, engine_names)
-    if args.model is not None or settings.model_repository is None:
-        dataplane.add_llm(EngineConfig.from_flat(model=args.model, **engine_options))
-    if settings.model_repository is not None:
-        attach_repository(dataplane, settings.model_repository)
-    return serve(dataplane)
+    llm = None
+    if args.model is not None or config.model_repository is None:
+        llm = EngineConfig.from_flat(model=args.model, **engine_options)
+        require_device(llm.model.device)  # a clear error (exit 2) here, not a traceback from the engine process
+    elif engine_options:
+        raise KilnError(
+            f"engine flags ({', '.join(sorted(engine_options))}) apply to a command-line model; "
+            "repository models take them from their config.yaml parameters"
+        )
+    ray_options = given(args, ray_names)
+    if args.ray:
+        from kiln.deploy.ray_serve import run as run_on_ray
+
+        return run_on_ray(config, llm, RayServeConfig(**ray_options))
+    if ray_options:
+        raise KilnError(f"{', '.join('--' + n.replace('_', '-') for n in sorted(ray_options))} need --ray")
+    return serve(build_dataplane(config, llm))
 
 
-def attach_repository(dataplane, repository: str) -> None:
-    """Serve a KServe v2 repository beside the OpenAI routes. Its `llm`
-    models also get OpenAI routes, on one shared engine each."""
-    from pathlib import Path
+def run_validate(repository: str) -> int:
+    from kiln.dataplane.routing.spec import ROUTES_FILE
+    from kiln.dataplane.routing.validate import validate_routes_file
+    from kiln.serving.repository.validate import validate_repository
 
-    from kiln.config import EngineConfig
-    from kiln.serving.backends.llm import engine_options
-    from kiln.serving.dataplane import DataPlane as RepositoryDataPlane
-    from kiln.serving.repository.loader import list_models, read_model
-
-    for name in list_models(Path(repository)):
-        try:
-            source = read_model(Path(repository), name)
-        except KilnError:
-            continue  # reported when the repository loads; the others still serve
-        if source.config.backend == "llm" and source.versions:
-            version_dir = source.versions[max(source.versions)]
-            options = engine_options(source.config.parameters, version_dir)
-            dataplane.add_llm(EngineConfig.from_flat(**options), name=name)
-    dataplane.attach_repository(RepositoryDataPlane.for_repository(Path(repository)))
+    problems = validate_repository(repository)
+    if not any("is not a directory" in p for p in problems):
+        problems += validate_routes_file(repository)
+    for line in problems:
+        print(line)
+    if not problems:
+        print(f"{repository}: all models valid")
+        if (Path(repository) / ROUTES_FILE).is_file():
+            print(f"{repository}: {ROUTES_FILE} valid")
+    return 1 if problems else 0
 
 
 # ---- generate ----------------------------------------------------------------
@@ -139,9 +165,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     sub = parser.add_subparsers(dest="command", required=True)
     names: dict[str, list[str]] = {}
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model (OpenAI + KServe v2 over HTTP) and/or a model repository (+ KServe v2 gRPC)",
+    )
     names["engine"] = add_engine_flags(serve)
-    names["server"] = add_dataclass_flags(serve, ServerSettings)
+    names["server"] = add_dataclass_flags(serve, ServerConfig)
+    serve.add_argument(
+        "--ray", action="store_true",
+        help="serve on Ray Serve: replicas of this server behind Ray's HTTP proxy on --host/--port, "
+        "autoscaled between --ray-min-replicas and --ray-max-replicas (docs/scaling.md)",
+    )
+    names["ray"] = add_dataclass_flags(serve, RayServeConfig)
 
     gen = sub.add_parser("generate", help="one-shot offline generation")
     add_engine_flags(gen)
@@ -177,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
-            return run_serve(args, names["engine"], names["server"])
+            return run_serve(args, names["engine"], names["server"], names["ray"])
         if args.command == "generate":
             return run_generate(args, names["engine"])
         if args.command == "worker":
@@ -185,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return worker_main(["--device", args.device, "--dist-timeout-s", str(args.dist_timeout_s)])
         if args.command == "repo":
-            from kiln.serving.cli import main_validate
-
-            return main_validate([args.repository])
+            return run_validate(args.repository)
         if args.bench_command == "infer":
             from kiln.bench.infer import main_bench_infer
 

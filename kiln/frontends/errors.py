@@ -3,7 +3,7 @@
     {"error": {"message": ..., "type": ..., "param": ..., "code": <status>}}
 
 The status comes from the error class (`KilnError.http_status`, kiln/errors.py);
-503s carry Retry-After. The frontend-only errors below follow the same rule.
+503s carry Retry-After.
 """
 
 from __future__ import annotations
@@ -19,24 +19,6 @@ from starlette.exceptions import HTTPException
 from kiln.errors import InvalidRequestError, KilnError
 
 log = logging.getLogger(__name__)
-
-
-class ModelLoadingError(KilnError):
-    """The model is still loading; retry shortly."""
-
-    http_status = 503
-    grpc_code = "UNAVAILABLE"
-    error_type = "model_loading_error"
-    retry_after_s = 5
-
-
-class DrainingError(KilnError):
-    """The server is shutting down and takes no new requests."""
-
-    http_status = 503
-    grpc_code = "UNAVAILABLE"
-    error_type = "server_draining_error"
-    retry_after_s = 5
 
 
 def error_body(message: str, error_type: str, param: str | None, status: int) -> dict:

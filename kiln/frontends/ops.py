@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import kiln
-from kiln.frontends.dataplane import DataPlane
+from kiln.dataplane.dataplane import DataPlane
 
 
 def ops_router(dataplane: DataPlane) -> APIRouter:
@@ -15,10 +15,10 @@ def ops_router(dataplane: DataPlane) -> APIRouter:
 
     @router.get("/health")
     async def health() -> JSONResponse:
-        """200 when every model is ready; 503 while loading, draining, or with a dead engine."""
-        ok, states = dataplane.health()
+        """200 when the server is ready (every model loaded, no engine dead, not draining); 503 otherwise."""
+        ok = dataplane.ready()
         status = "ok" if ok else ("draining" if dataplane.draining else "unavailable")
-        return JSONResponse({"status": status, "models": states}, status_code=200 if ok else 503)
+        return JSONResponse({"status": status, "models": dataplane.model_states()}, status_code=200 if ok else 503)
 
     @router.get("/metrics")
     async def metrics() -> Response:

@@ -18,14 +18,19 @@ the emitted pieces concatenate to `tokenizer.decode(ids)`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from kiln.llm.tokenizer import Tokenizer
+from typing import Protocol
 
 _REPLACEMENT_CHAR = "\ufffd"
 
 
+class Decoder(Protocol):
+    """What detokenization needs of a tokenizer (kiln.llm.tokenizer.Tokenizer has it)."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Decoder, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._ids: list[int] = []

@@ -7,6 +7,7 @@ from typing import Any
 from kiln.config import EngineConfig
 from kiln.llm.engine.input_processor import Prompt
 from kiln.llm.engine.llm_engine import LLMEngine
+from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
 
@@ -18,9 +19,13 @@ class LLM:
     block_size, kv_cache_memory_gib, max_num_batched_tokens, ...).
     """
 
-    def __init__(self, model: str | None = None, **options: Any):
+    def __init__(self, model: str | None = None, checkpoint: Checkpoint | None = None, **options: Any):
+        """`checkpoint`: `model` already loaded (`load_checkpoint`), so several
+        engines share one read of the files; `model` defaults to its source."""
+        if model is None and checkpoint is not None:
+            model = checkpoint.source
         self.config = EngineConfig.from_flat(model=model, **options)
-        self.engine = LLMEngine(self.config)
+        self.engine = LLMEngine(self.config, checkpoint)
         self.tokenizer = self.engine.tokenizer
         self._counter = 0
 

@@ -3,7 +3,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln.llm.engine.messages import TokenLogprob
+import msgspec
+
+
+class TokenLogprob(msgspec.Struct, frozen=True):
+    """A generated token's log-probability and the top alternatives at its
+    position (a msgspec struct: it also crosses the engine-core wire)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
 
 
 @dataclass

@@ -13,6 +13,7 @@ from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from kiln.errors import InvalidRequestError, ModelLoadError
+from kiln.llm.models.gguf_loader import open_gguf
 
 
 class Tokenizer:
@@ -38,9 +39,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         # No space clean-up: it depends on neighbouring tokens, so it would
         # make incremental detokenization disagree with a whole decode.
-        return self.hf.decode(
-            list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
-        )
+        text = self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        if not isinstance(text, str):  # a batch decode's answer; one id list never gets one
+            raise TypeError(f"tokenizer decode returned {type(text).__name__}, expected str")
+        return text
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt text the model's chat template makes of `messages`."""
@@ -61,11 +63,8 @@ class Tokenizer:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load from a HF model directory or a .gguf file (tokenizer in its metadata).
-
-    Cached per (path, modification time): building a tokenizer from GGUF
-    metadata takes seconds, and a Tokenizer is read-only once built.
-    """
+    """Load from a HF model directory or a .gguf file (tokenizer in its metadata);
+    cached per (path, mtime), as a GGUF build is slow and a Tokenizer read-only."""
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"tokenizer path does not exist: {path}")
@@ -91,7 +90,5 @@ def _load_cached(path: Path, mtime_ns: int) -> Tokenizer:
 
 def _gguf_chat_template(path: Path) -> str | None:
     """Fallback for transformers versions that drop `tokenizer.chat_template`."""
-    from kiln.llm.models.gguf_loader import open_gguf
-
     field = open_gguf(path).get_field("tokenizer.chat_template")
     return None if field is None else str(field.contents())

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class DeviceSample(NamedTuple):
-    index: int
+    gpu_index: int  # ("index" would shadow tuple.index)
     used_bytes: float
     total_bytes: float
     utilization: float  # 0-1
@@ -28,7 +28,7 @@ class DeviceSample(NamedTuple):
 
 def _nvml_reader() -> Callable[[], list[DeviceSample]] | None:
     try:
-        import pynvml
+        import pynvml  # optional dependency (nvidia-ml-py); absent on most machines
 
         pynvml.nvmlInit()
         if pynvml.nvmlDeviceGetCount() == 0:
@@ -89,7 +89,7 @@ class DeviceCollector(Collector):
         total = GaugeMetricFamily("kiln:device_memory_total_bytes", "GPU memory.", labels=labels)
         util = GaugeMetricFamily("kiln:device_utilization_perc", "GPU busy fraction (0-1).", labels=labels)
         for s in samples:
-            key = [self.model_name, str(s.index)]
+            key = [self.model_name, str(s.gpu_index)]
             used.add_metric(key, s.used_bytes)
             total.add_metric(key, s.total_bytes)
             util.add_metric(key, s.utilization)

@@ -1,4 +1,4 @@
-"""The model contract every backend (and every user `model.py`) follows.
+"""The model contracts backends (and every user `model.py`) follow.
 
     class MyModel(Model):
         def load(self, context): ...          # once, before any execute
@@ -8,17 +8,22 @@
 `execute` gets a list of `InferRequest` (numpy inputs) and returns, for each
 request, an `InferResponse`, a plain `{output name: array}` dict, or an
 Exception (that request alone fails). Raising fails the whole call.
-Each instance is used by one thread at a time (instance_count makes more).
+Each instance is used by one thread at a time (instance_count makes more);
+the dynamic batcher forms the batches.
+
+`AsyncModel` is for models that batch by themselves (Kiln's LLM engine):
+each request goes straight to it on the event loop, with no batcher and
+no thread, and it may stream several responses per request.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from kiln.serving.repository.config import ModelConfig, TensorSpec
+from kiln.serving.repository.config import RepositoryModelConfig, TensorSpec
 from kiln.serving.types import InferRequest, InferResponse
 
 Result = InferResponse | dict[str, np.ndarray] | BaseException
@@ -28,9 +33,9 @@ Result = InferResponse | dict[str, np.ndarray] | BaseException
 class LoadContext:
     """What `load` gets: the config, the version and where its files are."""
 
-    config: ModelConfig
+    config: RepositoryModelConfig
     version: int
-    version_dir: Path
+    version_dir: Path | None  # None: a model given on the command line, not from the repository
     instance_index: int = 0
 
 
@@ -64,10 +69,28 @@ class Model:
         return None
 
 
-@dataclass
-class ExecuteStats:
-    """Per-call numbers a backend wrapper hands back to the scheduler."""
+class AsyncModel:
+    """A model that batches by itself; see the module docstring.
 
-    batch_size: int
-    timings: Timings = field(default_factory=Timings)
-    extra: dict[str, Any] = field(default_factory=dict)
+    Invariant: `unload` returns only once no request of this model is in
+    flight (it drains first), so a version swap never cuts a request.
+    """
+
+    async def load(self, context: LoadContext) -> None:
+        raise NotImplementedError
+
+    async def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None] | None:
+        """Several responses for one request, or None when this request does not stream."""
+        return None
+
+    def healthy(self) -> bool:
+        return True
+
+    async def unload(self) -> None:
+        pass
+
+    def io_specs(self) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]] | None:
+        return None

@@ -8,11 +8,11 @@ known, distinct requested outputs. Backends may rely on all of that.
 from __future__ import annotations
 
 from kiln.errors import InvalidRequestError
-from kiln.serving.repository.config import ModelConfig, TensorSpec
+from kiln.serving.repository.config import RepositoryModelConfig, TensorSpec
 from kiln.serving.types import InferRequest, datatype_of
 
 
-def validate_request(request: InferRequest, config: ModelConfig) -> None:
+def validate_request(request: InferRequest, config: RepositoryModelConfig) -> None:
     _check_names(request, config)
     batch = None
     for spec in config.inputs:
@@ -38,7 +38,7 @@ def validate_request(request: InferRequest, config: ModelConfig) -> None:
     _check_outputs(request, config)
 
 
-def _check_names(request: InferRequest, config: ModelConfig) -> None:
+def _check_names(request: InferRequest, config: RepositoryModelConfig) -> None:
     known = {s.name for s in config.inputs}
     unknown = [n for n in request.inputs if n not in known]
     if unknown:
@@ -53,7 +53,7 @@ def _check_names(request: InferRequest, config: ModelConfig) -> None:
         )
 
 
-def _check_batch(config: ModelConfig, spec: TensorSpec, shape: list[int], batch: int | None) -> int:
+def _check_batch(config: RepositoryModelConfig, spec: TensorSpec, shape: list[int], batch: int | None) -> int:
     if not shape:
         raise InvalidRequestError(
             f"input '{spec.name}' of model '{config.name}' needs a batch dimension (max_batch_size "
@@ -73,7 +73,7 @@ def _matches(shape: list[int], dims: tuple[int, ...]) -> bool:
     return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims, strict=False))
 
 
-def _check_outputs(request: InferRequest, config: ModelConfig) -> None:
+def _check_outputs(request: InferRequest, config: RepositoryModelConfig) -> None:
     if request.outputs is None:
         return
     seen: set[str] = set()

@@ -21,8 +21,8 @@ cat > "$WORK/settings.json" <<JSON
 JSON
 (cd "$WORK" && exec "$VENV/bin/mlserver" start . > "$WORK/mlserver.log" 2>&1) &
 MLS=$!
-.venv/bin/python -m kiln.serving.server --model-repository examples/tabular/repository \
-    --http-port 8094 --grpc-port 8095 --log-level warning > "$WORK/kiln.log" 2>&1 &
+.venv/bin/kiln serve --model-repository examples/tabular/repository \
+    --port 8094 --grpc-port 8095 --log-level warning > "$WORK/kiln.log" 2>&1 &
 KILN=$!
 trap 'kill $MLS $KILN 2>/dev/null || true' EXIT
 for port in 8091 8094; do

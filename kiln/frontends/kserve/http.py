@@ -1,4 +1,4 @@
-"""KServe v2 REST routes on a FastAPI app (`add_kserve_routes`).
+"""KServe v2 REST routes (`kserve_router`).
 
 Every handler reads its body under the size limit, calls the DataPlane and
 turns a KilnError into `{"error": message}` with the error's own HTTP status
@@ -13,20 +13,24 @@ import logging
 import zlib
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+import msgspec
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from kiln.dataplane.dataplane import DataPlane
+from kiln.dataplane.routed import TARGET_PARAMETER
 from kiln.errors import InvalidRequestError, KilnError
+from kiln.frontends.kserve import documents
+from kiln.frontends.routing import TARGET_HEADER, route_key
 from kiln.serving.codecs.kserve_http import decode_json, encode_infer_response, parse_infer_request
 from kiln.serving.codecs.limits import Limits
-from kiln.serving.dataplane import DataPlane, encode_json
 
 log = logging.getLogger("kiln.kserve.http")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 def _json(value: Any, status: int = 200) -> Response:
-    return Response(encode_json(value), status_code=status, media_type="application/json")
+    return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
 
 
 def error_response(exc: KilnError) -> Response:
@@ -123,15 +127,15 @@ def _version(version: str | None) -> str:
     return version or ""
 
 
-def add_kserve_routes(app: FastAPI, dataplane: DataPlane) -> None:
-    """Mount the KServe v2 REST API (and its extensions) on `app`."""
+def kserve_router(dataplane: DataPlane) -> APIRouter:
+    """The KServe v2 REST API (and its extensions) over `dataplane`."""
     router = APIRouter()
     limits = dataplane.limits
 
     @router.get("/v2")
     @_guard
     async def server_metadata():
-        return _json(dataplane.server_metadata())
+        return _json(documents.server_metadata())
 
     @router.get("/v2/health/live")
     async def live():
@@ -144,13 +148,14 @@ def add_kserve_routes(app: FastAPI, dataplane: DataPlane) -> None:
     @router.get("/v2/models/stats")
     @_guard
     async def all_stats():
-        return _json(dataplane.model_statistics())
+        return _json(documents.statistics(dataplane.model_statistics()))
 
     @router.get("/v2/models/{name}")
     @router.get("/v2/models/{name}/versions/{version}")
     @_guard
     async def model_metadata(name: str, version: str | None = None):
-        return _json(dataplane.model_metadata(name, _version(version)))
+        config = dataplane.model_config(name, _version(version))
+        return _json(documents.model_metadata(config, dataplane.model_versions(name)))
 
     @router.get("/v2/models/{name}/ready")
     @router.get("/v2/models/{name}/versions/{version}/ready")
@@ -162,13 +167,13 @@ def add_kserve_routes(app: FastAPI, dataplane: DataPlane) -> None:
     @router.get("/v2/models/{name}/versions/{version}/config")
     @_guard
     async def model_config(name: str, version: str | None = None):
-        return _json(dataplane.model_config(name, _version(version)))
+        return _json(documents.triton_config(dataplane.model_config(name, _version(version))))
 
     @router.get("/v2/models/{name}/stats")
     @router.get("/v2/models/{name}/versions/{version}/stats")
     @_guard
     async def model_stats(name: str, version: str | None = None):
-        return _json(dataplane.model_statistics(name, _version(version)))
+        return _json(documents.statistics(dataplane.model_statistics(name, _version(version))))
 
     @router.post("/v2/models/{name}/infer")
     @router.post("/v2/models/{name}/versions/{version}/infer")
@@ -179,12 +184,15 @@ def add_kserve_routes(app: FastAPI, dataplane: DataPlane) -> None:
         if header is not None and not header.isdigit():
             raise InvalidRequestError(f"invalid {HEADER_LENGTH} header {header!r}")
         infer_request = parse_infer_request(body, int(header) if header else None, name, _version(version), limits)
-        response = await _cancel_on_disconnect(request, dataplane.infer(infer_request))
+        key = route_key(request.headers)
+        response = await _cancel_on_disconnect(request, dataplane.infer(infer_request, route_key=key))
         payload, header_length = encode_infer_response(response, infer_request)
+        target = response.parameters.get(TARGET_PARAMETER)
+        headers = {TARGET_HEADER: str(target)} if target is not None else {}
         if header_length is None:
-            return Response(payload, media_type="application/json")
+            return Response(payload, media_type="application/json", headers=headers)
         return Response(payload, media_type="application/octet-stream",
-                        headers={HEADER_LENGTH: str(header_length)})
+                        headers={HEADER_LENGTH: str(header_length), **headers})
 
     @router.post("/v2/repository/index")
     @_guard
@@ -206,7 +214,7 @@ def add_kserve_routes(app: FastAPI, dataplane: DataPlane) -> None:
         await dataplane.unload_model(name, _parameters(doc))
         return Response(status_code=200)
 
-    app.include_router(router)
+    return router
 
 
 def _parameters(doc: dict) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kiln.llm.engine.messages import TokenLogprob
+from kiln.llm.outputs import TokenLogprob
 from kiln.llm.tokenizer import Tokenizer
 
 

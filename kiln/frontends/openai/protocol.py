@@ -35,7 +35,7 @@ class SamplingFields(Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    user: str | None = None  # accepted, unused
+    user: str | None = None  # a route's sticky key (unless the x-kiln-route-key header gives one)
     # vLLM extras
     top_k: int | None = None
     min_p: float | None = None

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from kiln.frontends.dataplane import DataPlane
+from kiln.dataplane.dataplane import DataPlane
 from kiln.frontends.openai import serving_tokens
 from kiln.frontends.openai.serving_chat import ChatServing
 from kiln.frontends.openai.serving_completions import CompletionServing

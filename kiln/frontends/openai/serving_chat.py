@@ -5,15 +5,26 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from kiln.dataplane.dataplane import DataPlane
+from kiln.dataplane.routed import ChosenLLM
+from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import InvalidRequestError
-from kiln.frontends.dataplane import DataPlane
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import Usage, finish_fields, new_id, now_s, parse
 from kiln.frontends.openai.logprobs import TokenTexts, chat_logprobs
 from kiln.frontends.openai.params import check_n, resolve_max_tokens, sampling_params
 from kiln.frontends.openai.protocol import ChatCompletionRequest, ChatMessage
 from kiln.frontends.openai.streaming import stream_events
-from kiln.frontends.openai.streams import ClientGone, close_all, collect_finals, submit_group, unless_disconnected
+from kiln.frontends.openai.streams import (
+    ClientGone,
+    Submitted,
+    close_all,
+    collect_finals,
+    run_to_end,
+    submit_group,
+    unless_disconnected,
+)
+from kiln.frontends.routing import report_target, route_key, with_target
 from kiln.frontends.sse import SSEResponse
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import MAX_LOGPROBS
@@ -41,9 +52,19 @@ class ChatServing:
         self.dataplane = dataplane
 
     async def create(self, request: Request) -> Response:
-        settings = self.dataplane.settings
+        settings = self.dataplane.config
         req = parse(ChatCompletionRequest, await read_json_object(request, settings.max_request_bytes))
-        served = self.dataplane.llm(req.model)
+        chosen = self.dataplane.choose_llm(req.model, route_key(request.headers, req.user))
+        try:
+            response = await self._create(request, req, chosen)
+        except BaseException as exc:
+            chosen.fail(exc)
+            raise
+        return with_target(response, chosen.target)
+
+    def _submit(self, req: ChatCompletionRequest, served: ServedLLM) -> Submitted:
+        """Apply the model's chat template, validate, admit and submit every choice."""
+        settings = self.dataplane.config
         engine = served.ready_engine()
         check_n(req.n, settings.max_n)
         ids = chat_prompt_ids(engine.tokenizer, req.messages, req.add_generation_prompt)
@@ -54,11 +75,17 @@ class ChatServing:
         served.admit(engine, req.n)
         group_id = new_id("chatcmpl")
         streams = submit_group(engine, group_id, [ids], params, req.priority)
-        usage = Usage(prompt_tokens=len(ids))
+        return Submitted(group_id, streams, Usage(prompt_tokens=len(ids)), engine)
+
+    async def _create(self, request: Request, req: ChatCompletionRequest, chosen: ChosenLLM) -> Response:
+        group_id, raw_streams, usage, engine = self._submit(req, chosen.served)
+        streams = chosen.track(raw_streams)
+        chosen.shadow(lambda served: run_to_end(self._submit(req, served)))
+        model = chosen.model_name(report_target(request.headers))
         texts = TokenTexts(engine.tokenizer)
-        want_logprobs = logprobs is not None
+        want_logprobs = req.logprobs
         if req.stream:
-            head = {"id": group_id, "object": "chat.completion.chunk", "created": now_s(), "model": served.name}
+            head = {"id": group_id, "object": "chat.completion.chunk", "created": now_s(), "model": model}
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             events = stream_events(streams, ChatChunks(head, want_logprobs, texts), usage, head, include_usage)
             return SSEResponse(events, on_close=lambda: close_all(streams))
@@ -70,7 +97,7 @@ class ChatServing:
             close_all(streams)
         for out in finals:
             usage.add_final(out)
-        head = {"id": group_id, "object": "chat.completion", "created": now_s(), "model": served.name}
+        head = {"id": group_id, "object": "chat.completion", "created": now_s(), "model": model}
         choices = [self._choice(i, out, want_logprobs, texts) for i, out in enumerate(finals)]
         return JSONResponse({**head, "choices": choices, "usage": usage.body()})
 

@@ -5,15 +5,26 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from kiln.dataplane.dataplane import DataPlane
+from kiln.dataplane.routed import ChosenLLM
+from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import InvalidRequestError
-from kiln.frontends.dataplane import DataPlane
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import Usage, finish_fields, new_id, now_s, parse
 from kiln.frontends.openai.logprobs import TokenTexts, completion_logprobs
 from kiln.frontends.openai.params import check_n, resolve_max_tokens, sampling_params
 from kiln.frontends.openai.protocol import CompletionRequest
 from kiln.frontends.openai.streaming import stream_events
-from kiln.frontends.openai.streams import ClientGone, close_all, collect_finals, submit_group, unless_disconnected
+from kiln.frontends.openai.streams import (
+    ClientGone,
+    Submitted,
+    close_all,
+    collect_finals,
+    run_to_end,
+    submit_group,
+    unless_disconnected,
+)
+from kiln.frontends.routing import report_target, route_key, with_target
 from kiln.frontends.sse import SSEResponse
 from kiln.llm.outputs import RequestOutput
 
@@ -32,9 +43,19 @@ class CompletionServing:
         self.dataplane = dataplane
 
     async def create(self, request: Request) -> Response:
-        settings = self.dataplane.settings
+        settings = self.dataplane.config
         req = parse(CompletionRequest, await read_json_object(request, settings.max_request_bytes))
-        served = self.dataplane.llm(req.model)
+        chosen = self.dataplane.choose_llm(req.model, route_key(request.headers, req.user))
+        try:
+            response = await self._create(request, req, chosen)
+        except BaseException as exc:
+            chosen.fail(exc)
+            raise
+        return with_target(response, chosen.target)
+
+    def _submit(self, req: CompletionRequest, served: ServedLLM) -> Submitted:
+        """Validate against the engine, admit and submit every choice of every prompt."""
+        settings = self.dataplane.config
         engine = served.ready_engine()
         check_n(req.n, settings.max_n)
         prompts = [engine.inputs.tokenize(p)[1] for p in split_prompts(req.prompt)]
@@ -55,8 +76,14 @@ class CompletionServing:
         served.admit(engine, len(prompts) * req.n)
         group_id = new_id("cmpl")
         streams = submit_group(engine, group_id, prompts, params, req.priority)
-        usage = Usage(prompt_tokens=sum(len(ids) for ids in prompts))
-        head = {"id": group_id, "object": "text_completion", "created": now_s(), "model": served.name}
+        return Submitted(group_id, streams, Usage(prompt_tokens=sum(len(ids) for ids in prompts)), engine)
+
+    async def _create(self, request: Request, req: CompletionRequest, chosen: ChosenLLM) -> Response:
+        group_id, raw_streams, usage, engine = self._submit(req, chosen.served)
+        streams = chosen.track(raw_streams)
+        chosen.shadow(lambda served: run_to_end(self._submit(req, served)))
+        model = chosen.model_name(report_target(request.headers))
+        head = {"id": group_id, "object": "text_completion", "created": now_s(), "model": model}
         texts = TokenTexts(engine.tokenizer)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

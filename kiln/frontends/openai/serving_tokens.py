@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from kiln.dataplane.dataplane import DataPlane
 from kiln.errors import InvalidRequestError
-from kiln.frontends.dataplane import DataPlane
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import parse
 from kiln.frontends.openai.protocol import DetokenizeRequest, TokenizeRequest
@@ -13,19 +13,19 @@ from kiln.frontends.openai.serving_chat import chat_prompt_ids
 
 
 async def tokenize(dataplane: DataPlane, request: Request) -> dict:
-    req = parse(TokenizeRequest, await read_json_object(request, dataplane.settings.max_request_bytes))
+    req = parse(TokenizeRequest, await read_json_object(request, dataplane.config.max_request_bytes))
     engine = dataplane.llm(req.model).ready_engine()
     if (req.prompt is None) == (req.messages is None):
         raise InvalidRequestError("give exactly one of prompt and messages", param="prompt")
-    if req.messages is not None:
-        ids = chat_prompt_ids(engine.tokenizer, req.messages, req.add_generation_prompt)
-    else:
+    if req.prompt is not None:
         ids = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    else:
+        ids = chat_prompt_ids(engine.tokenizer, req.messages or [], req.add_generation_prompt)
     return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
 
 
 async def detokenize(dataplane: DataPlane, request: Request) -> dict:
-    req = parse(DetokenizeRequest, await read_json_object(request, dataplane.settings.max_request_bytes))
+    req = parse(DetokenizeRequest, await read_json_object(request, dataplane.config.max_request_bytes))
     engine = dataplane.llm(req.model).ready_engine()
     vocab = engine.info.vocab_size
     bad = [t for t in req.tokens if not 0 <= t < vocab]
@@ -36,16 +36,13 @@ async def detokenize(dataplane: DataPlane, request: Request) -> dict:
 
 def list_models(dataplane: DataPlane, created: int) -> dict:
     data = []
-    for name, served in dataplane.llms.items():
-        card = {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "kiln",
-            "root": served.config.model.model,
-        }
-        if served.engine is not None:
+    for name in dataplane.llm_names():
+        card: dict = {"id": name, "object": "model", "created": created, "owned_by": "kiln"}
+        served = dataplane.loaded_llm(name)
+        if served is not None and served.engine is not None and served.engine.info is not None:
             card["root"] = served.engine.info.source
             card["max_model_len"] = served.engine.max_model_len
         data.append(card)
+    for name in dataplane.llm_route_names():  # a route is a model name to clients
+        data.append({"id": name, "object": "model", "created": created, "owned_by": "kiln", "kiln_route": True})
     return {"object": "list", "data": data}

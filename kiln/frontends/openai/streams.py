@@ -10,16 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncGenerator, Awaitable
+from typing import NamedTuple, TypeVar
 
 from fastapi import Request
 
+from kiln.frontends.openai.common import Usage
 from kiln.llm.engine.async_llm import AsyncLLM, RequestStream
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
 
 T = TypeVar("T")
+
+
+class Submitted(NamedTuple):
+    """The engine requests of one API request, as submitted."""
+
+    group_id: str
+    streams: list[RequestStream]
+    usage: Usage
+    engine: AsyncLLM
+
+
+async def run_to_end(submitted: Submitted) -> None:
+    """Consume every stream, discarding the outputs (a shadow copy)."""
+    try:
+        await collect_finals(submitted.streams)
+    finally:
+        close_all(submitted.streams)
 
 
 class ClientGone(Exception):
@@ -48,7 +66,7 @@ def close_all(streams: list[RequestStream]) -> None:
         s.close()
 
 
-async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merge(streams: list[RequestStream]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """(choice index, output) from all streams as they come; the first error is raised."""
     if len(streams) == 1:
         async with contextlib.aclosing(streams[0].__aiter__()) as it:

@@ -76,6 +76,7 @@ class TorchPagedAttention(AttentionBackend):
 def gather_blocks(pool: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
     """pool: [slots, KVH, D]; block_table: [..., nb] -> [..., nb * block_size, KVH, D]."""
     blocks = pool.view(-1, block_size, *pool.shape[1:])
-    # index_select copies whole blocks; about twice as fast as advanced indexing.
+    # index_select copies whole blocks, fewer and larger copies than advanced indexing
+    # (see docs/benchmarks.md (Offline throughput (engine issue): Kiln vs naive Hugging Face)).
     picked = blocks.index_select(0, block_table.reshape(-1))
     return picked.view(*block_table.shape[:-1], block_table.shape[-1] * block_size, *pool.shape[1:])

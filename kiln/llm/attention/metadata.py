@@ -50,3 +50,6 @@ class AttentionMetadata:
     num_decodes: int = 0
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)
+    # A backend's own per-step tensors (e.g. the Triton kernels' flat tables),
+    # built by its first layer and reused by the others; None until then.
+    kernel_plan: object | None = None

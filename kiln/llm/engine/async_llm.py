@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -29,10 +29,10 @@ from typing import Protocol
 from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, InvalidRequestError, KilnError
 from kiln.llm.engine.core_client import EngineCoreClient, ProcessEngineClient, ThreadEngineClient
-from kiln.llm.engine.core_proc import Ready, StepResult
 from kiln.llm.engine.input_processor import InputProcessor, Prompt
-from kiln.llm.engine.messages import EngineStats
+from kiln.llm.engine.messages import EngineStats, Ready, StepResult
 from kiln.llm.engine.output_processor import OutputProcessor
+from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
 from kiln.llm.tokenizer import Tokenizer, load_tokenizer
@@ -56,7 +56,7 @@ class RequestTimes:
 class EngineObserver(Protocol):
     """Receives engine events (the metrics layer implements this)."""
 
-    def on_step(self, result: StepResult) -> None: ...
+    def on_step(self, stats: EngineStats | None, queue_times: Iterable[float]) -> None: ...
     def on_tokens(self, times: RequestTimes, num_new: int, now: float) -> None: ...
     def on_finished(self, times: RequestTimes, finish_reason: str) -> None: ...
     def on_failed(self, times: RequestTimes, reason: str) -> None: ...
@@ -84,7 +84,7 @@ class RequestStream:
             self.finished = True
             self._on_abandon(self.request_id)
 
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+    async def __aiter__(self) -> AsyncGenerator[RequestOutput, None]:
         try:
             while not self.finished:
                 item = await self._queue.get()
@@ -98,19 +98,20 @@ class RequestStream:
 
 
 class AsyncLLM:
+    # Set by `start`, the only way to get an AsyncLLM that takes requests.
+    info: Ready
+    tokenizer: Tokenizer
+    inputs: InputProcessor
+    outputs: OutputProcessor
+
     def __init__(self, client: EngineCoreClient, observer: EngineObserver | None = None):
         self.client = client
         self.observer = observer
-        self.info: Ready | None = None
-        self.tokenizer: Tokenizer | None = None
-        self.inputs: InputProcessor | None = None
-        self.outputs: OutputProcessor | None = None
         self.dead_message: str | None = None
         self.latest_stats: EngineStats | None = None
         self._streams: dict[str, RequestStream] = {}
         self._times: dict[str, RequestTimes] = {}
         self._pending: set[str] = set()  # added, no token yet
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- life cycle ----------------------------------------------------------
     @classmethod
@@ -125,7 +126,7 @@ class AsyncLLM:
         return engine
 
     async def _start(self) -> None:
-        self._loop = loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
 
         def on_result(result: StepResult) -> None:  # called on the client's thread
             loop.call_soon_threadsafe(self._on_result, result)
@@ -133,14 +134,19 @@ class AsyncLLM:
         def on_dead(message: str) -> None:
             loop.call_soon_threadsafe(self._on_dead, message)
 
+        # Load the tokenizer while the engine loads its weights, if its path is obvious.
         guess = _tokenizer_path_guess(self.client.config)
         tok_task = loop.run_in_executor(None, load_tokenizer, guess) if guess else None
         info = await loop.run_in_executor(None, self.client.start, on_result, on_dead)
-        try:
-            tokenizer = await tok_task if tok_task else None
-        except Exception:
-            tokenizer = None
-        if tokenizer is None or Path(info.tokenizer_path).resolve() != Path(guess).resolve():
+        tokenizer: Tokenizer | None = None
+        if tok_task is not None and guess is not None:
+            try:
+                tokenizer = await tok_task
+            except Exception:
+                tokenizer = None
+            if Path(info.tokenizer_path).resolve() != Path(guess).resolve():
+                tokenizer = None  # the engine's model has its tokenizer elsewhere
+        if tokenizer is None:
             tokenizer = await loop.run_in_executor(None, load_tokenizer, info.tokenizer_path)
         self.info, self.tokenizer = info, tokenizer
         self.inputs = InputProcessor(tokenizer, info.max_model_len, info.vocab_size)
@@ -166,6 +172,12 @@ class AsyncLLM:
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
+
+    def oldest_pending_age(self) -> float:
+        """Seconds the oldest request with no token yet has waited (0 when none)."""
+        if not self._pending:
+            return 0.0
+        return time.monotonic() - min(self._times[rid].arrival for rid in self._pending)
 
     # ---- requests ------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0) -> RequestStream:
@@ -205,7 +217,7 @@ class AsyncLLM:
         if result.outputs.stats is not None:
             self.latest_stats = result.outputs.stats
         if self.observer:
-            self.observer.on_step(result)
+            self.observer.on_step(result.outputs.stats, result.queue_times.values())
         try:
             outputs, to_abort = self.outputs.process(result.outputs.outputs)
         except Exception as e:
@@ -257,8 +269,6 @@ class AsyncLLM:
 
 def _tokenizer_path_guess(config: EngineConfig) -> str | None:
     """The tokenizer to load while the engine loads its weights, if obvious."""
-    from kiln.llm.engine.builder import resolve_model_path
-
     try:
         path = Path(resolve_model_path(config))
     except Exception:

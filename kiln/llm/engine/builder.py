@@ -9,14 +9,17 @@ import torch
 
 from kiln.config import EngineConfig
 from kiln.errors import ConfigError
+from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
-from kiln.llm.kernels.ops import pack_linear_weight
-from kiln.llm.layers.linear import pack_for_prefill
-from kiln.llm.models import fused_decode
-from kiln.llm.models.checkpoint import Checkpoint, load_checkpoint
-from kiln.llm.models.default_model import default_model_path
+from kiln.llm.models.checkpoint import Checkpoint
+from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.llama import LlamaModel
-from kiln.llm.quant import quantize_model
+from kiln.llm.models.loader import load_checkpoint
+from kiln.llm.parallel.executor import ParallelRunner
+from kiln.llm.parallel.layout import check_splittable
+from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
+from kiln.llm.parallel.weights import DictReader, open_weights
+from kiln.llm.runner.cuda_graphs import build_cuda_graphs
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
 from kiln.llm.spec_decode.ngram import NgramProposer
@@ -25,30 +28,17 @@ from kiln.llm.spec_decode.proposer import Proposer
 log = logging.getLogger(__name__)
 
 
-def resolve_model_path(config: EngineConfig) -> str:
-    return str(config.model.model or default_model_path())
-
-
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
-    device = torch.device(config.model.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' requested but CUDA is not available", param="device")
     model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
     model.load_weights(checkpoint.weights, checkpoint.source)
-    return finish_model(model, config, device)
+    return finish_model(model, config)
 
 
-def finish_model(model: LlamaModel, config: EngineConfig, device: torch.device) -> LlamaModel:
-    """Loaded float32 model -> device, quantized (if asked), compute dtype,
-    fp32 CPU projections packed for prefill, fused decode layers gathered."""
-    model = model.to(device=device)
-    quantize_model(model, config.model.quantization, config.model.quant_group_size)
-    model = model.to(dtype=DTYPES[config.model.dtype]).eval()
-    pack_for_prefill(model)
-    if model.logits_head is None:
-        model.lm_head_packed = pack_linear_weight(model.lm_head)
-    model.fused_layers = fused_decode.prepare(model)
-    return model
+def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
+    """A loaded float32 model, finished as the config asks (LlamaModel.finish)."""
+    device = require_device(config.model.device)
+    m = config.model
+    return model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config))
 
 
 def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:
@@ -88,7 +78,7 @@ def build_proposer(
         draft = build_model(draft_checkpoint, config, max_model_len)
     else:
         draft = truncated_model(checkpoint, spec.draft_num_layers, max_model_len)
-        draft = finish_model(draft, config, runner.device)
+        draft = finish_model(draft, config)
     # The draft pool mirrors the target's block count: whatever fits one fits the other.
     return DraftModelProposer(
         draft, num_blocks, config.cache.block_size, runner.device, runner.sampler, kv_dtype(config)
@@ -100,15 +90,9 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
 
     Without a preloaded checkpoint the driver, like every worker, reads only
     its own slices (lazily); the Checkpoint it returns carries no weights."""
-    from kiln.llm.parallel.executor import ParallelRunner
-    from kiln.llm.parallel.layout import check_splittable
-    from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
-    from kiln.llm.parallel.weights import DictReader, open_weights
-
     started = time.perf_counter()
     p = config.parallel
-    if config.model.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' requested but CUDA is not available", param="device")
+    require_device(config.model.device)
     path = resolve_model_path(config)
     if checkpoint is None:
         arch, reader, tokenizer_path = open_weights(path)
@@ -138,6 +122,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     if config.parallel.world_size > 1:
         return build_parallel_engine_core(config, checkpoint)
     started = time.perf_counter()
+    require_device(config.model.device)  # before the (slow) checkpoint load
     checkpoint = checkpoint or load_checkpoint(resolve_model_path(config))
     torch.manual_seed(config.model.seed)
     max_model_len = decide_max_model_len(checkpoint, config)
@@ -151,6 +136,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
         kv_dtype(config),
     )
     runner.proposer = build_proposer(config, checkpoint, runner, num_blocks, max_model_len)
+    runner.cuda_graphs = build_cuda_graphs(runner, config, max_model_len)
     core = EngineCore(config, runner, num_blocks, max_model_len)
     log.info(
         "engine ready: %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs",

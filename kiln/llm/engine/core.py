@@ -8,17 +8,18 @@ from __future__ import annotations
 import time
 
 from kiln.config import EngineConfig
-from kiln.llm.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineStats, TokenLogprob
+from kiln.llm.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineStats
 from kiln.llm.kv_cache.manager import KVCacheManager
+from kiln.llm.outputs import TokenLogprob
 from kiln.llm.request import Request
-from kiln.llm.runner.model_runner import ModelRunner
+from kiln.llm.runner.base import Runner
 from kiln.llm.scheduler.output import RunnerOutput
 from kiln.llm.scheduler.scheduler import Scheduler
-from kiln.llm.spec_decode.proposer import plan_drafts
+from kiln.llm.spec_decode.proposer import Proposer, plan_drafts
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, runner: ModelRunner, num_blocks: int, max_model_len: int):
+    def __init__(self, config: EngineConfig, runner: Runner, num_blocks: int, max_model_len: int):
         self.config = config
         self.runner = runner
         self.max_model_len = max_model_len
@@ -59,15 +60,15 @@ class EngineCore:
         result = self.runner.execute(sched) if sched else RunnerOutput()
         touched = self.scheduler.update(sched, result)
         if self.runner.proposer is not None:
-            self._propose()
+            self._propose(self.runner.proposer)
         outputs = [self._output(r, result) for r in touched]
         stats = self.stats(len(sched.chunks), time.perf_counter() - started)
         return EngineCoreOutputs(outputs, stats)
 
-    def _propose(self) -> None:
+    def _propose(self, proposer: Proposer) -> None:
         """Give decoding requests drafts for the next step (see plan_drafts)."""
         running = self.scheduler.running
-        self.runner.proposer.retain({r.request_id for r in running})
+        proposer.retain({r.request_id for r in running})
         chosen, counts = plan_drafts(running, self.config.spec, self.max_model_len)
         if chosen:
             for request, drafts in zip(chosen, self.runner.propose(chosen, counts), strict=False):
@@ -83,7 +84,9 @@ class EngineCore:
             logprobs = [TokenLogprob(sampled.token_id, sampled.logprob, sampled.top_logprobs or [])]
         return self._make_output(request, [sampled.token_id], logprobs)
 
-    def _make_output(self, request: Request, new_token_ids: list[int], logprobs) -> EngineCoreOutput:
+    def _make_output(
+        self, request: Request, new_token_ids: list[int], logprobs: list[TokenLogprob] | None
+    ) -> EngineCoreOutput:
         if request.is_finished:
             self.runner.sampler.forget(request.request_id)
         return EngineCoreOutput(

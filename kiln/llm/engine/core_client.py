@@ -11,6 +11,7 @@ once, and never after `shutdown()` began.
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import queue
@@ -22,10 +23,11 @@ from multiprocessing.connection import Connection
 
 from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, KilnError
-from kiln.llm.engine.core_proc import (
+from kiln.llm.engine.loop import EngineLoop, ready_message
+from kiln.llm.engine.messages import (
     Abort,
     AddRequest,
-    EngineLoop,
+    EngineCoreRequest,
     Failed,
     FromEngine,
     Ready,
@@ -34,9 +36,7 @@ from kiln.llm.engine.core_proc import (
     ToEngine,
     encoder,
     from_engine_decoder,
-    ready_message,
 )
-from kiln.llm.engine.messages import EngineCoreRequest
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ OnResult = Callable[[StepResult], None]
 OnDead = Callable[[str], None]
 
 
-class EngineCoreClient:
+class EngineCoreClient(abc.ABC):
     """Shared plumbing: an outgoing queue and the dead/closing flags."""
 
     def __init__(self, config: EngineConfig):
@@ -75,6 +75,14 @@ class EngineCoreClient:
     def engine_pid(self) -> int | None:
         return None
 
+    @abc.abstractmethod
+    def start(self, on_result: OnResult, on_dead: OnDead) -> Ready:
+        """Start the engine; blocks until it is ready (raises EngineDeadError if it fails)."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop the engine (blocks until it is gone)."""
+
 
 class ProcessEngineClient(EngineCoreClient):
     """Runs `python -m kiln.llm.engine.core_proc` and talks to it over pipes."""
@@ -83,8 +91,6 @@ class ProcessEngineClient(EngineCoreClient):
         super().__init__(config)
         self.shutdown_timeout_s = shutdown_timeout_s
         self.proc: subprocess.Popen | None = None
-        self._to_engine: Connection | None = None
-        self._from_engine: Connection | None = None
 
     @property
     def engine_pid(self) -> int | None:
@@ -92,18 +98,22 @@ class ProcessEngineClient(EngineCoreClient):
 
     def start(self, on_result: OnResult, on_dead: OnDead) -> Ready:
         self._on_dead = on_dead
-        self._spawn()
-        first = self._receive()
+        to_engine, from_engine = self._spawn()
+        first = self._receive(from_engine)
         if not isinstance(first, Ready):
             message = first.message if isinstance(first, Failed) else "engine sent no ready message"
             self._kill()
             raise EngineDeadError(f"engine failed to start: {message}")
         self.info = first
-        threading.Thread(target=self._read_loop, args=(on_result,), name="kiln-engine-reader", daemon=True).start()
-        threading.Thread(target=self._write_loop, name="kiln-engine-writer", daemon=True).start()
+        reader = threading.Thread(
+            target=self._read_loop, args=(from_engine, on_result), name="kiln-engine-reader", daemon=True
+        )
+        reader.start()
+        threading.Thread(target=self._write_loop, args=(to_engine,), name="kiln-engine-writer", daemon=True).start()
         return first
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> tuple[Connection, Connection]:
+        """Start the engine process and send it the config; (to it, from it)."""
         inbox_r, inbox_w = os.pipe()
         outbox_r, outbox_w = os.pipe()
         cmd = [
@@ -122,26 +132,30 @@ class ProcessEngineClient(EngineCoreClient):
         finally:
             os.close(inbox_r)  # the child's ends: close ours, so EOF means the child is gone
             os.close(outbox_w)
-        self._to_engine = Connection(inbox_w, readable=False, writable=True)
-        self._from_engine = Connection(outbox_r, readable=True, writable=False)
-        self._to_engine.send_bytes(encoder.encode(self.config))
+        to_engine = Connection(inbox_w, readable=False, writable=True)
+        from_engine = Connection(outbox_r, readable=True, writable=False)
+        to_engine.send_bytes(encoder.encode(self.config))
+        return to_engine, from_engine
 
-    def _receive(self) -> FromEngine | Failed:
+    def _receive(self, from_engine: Connection) -> FromEngine:
         try:
-            return from_engine_decoder.decode(self._from_engine.recv_bytes())
+            return from_engine_decoder.decode(from_engine.recv_bytes())
         except (EOFError, OSError):
             return Failed(f"engine process exited (code {self._exit_code()})")
 
     def _exit_code(self) -> int | None:
+        proc = self.proc
+        if proc is None:
+            return None
         try:
-            return self.proc.wait(timeout=5) if self.proc else None
+            return proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # closed its pipe yet lives on: finish it
             self._kill()
-            return self.proc.returncode
+            return proc.returncode
 
-    def _read_loop(self, on_result: OnResult) -> None:
+    def _read_loop(self, from_engine: Connection, on_result: OnResult) -> None:
         while True:
-            msg = self._receive()
+            msg = self._receive(from_engine)
             if isinstance(msg, StepResult):
                 on_result(msg)
             elif isinstance(msg, Failed):
@@ -149,13 +163,13 @@ class ProcessEngineClient(EngineCoreClient):
                 self._exit_code()  # the engine exits after Failed: reap it (no zombie)
                 return
 
-    def _write_loop(self) -> None:
+    def _write_loop(self, to_engine: Connection) -> None:
         while True:
             msg = self._outgoing.get()
             if msg is None:
                 return
             try:
-                self._to_engine.send_bytes(encoder.encode(msg))
+                to_engine.send_bytes(encoder.encode(msg))
             except OSError as e:
                 self._report_dead(f"cannot reach the engine process: {e}")
                 return
@@ -189,26 +203,27 @@ class ThreadEngineClient(EngineCoreClient):
         self._thread: threading.Thread | None = None
 
     def start(self, on_result: OnResult, on_dead: OnDead) -> Ready:
+        # Only the in-process mode builds a model here: the API process of the
+        # process mode never imports the model code and kernels.
         from kiln.llm.engine.builder import build_engine_core
 
         self._on_dead = on_dead
         core, checkpoint = build_engine_core(self.config)
-        self.info = ready_message(core, checkpoint)
+        self.info = info = ready_message(core, checkpoint)
         loop = EngineLoop(core, self._inbox, on_result, lambda: not self.closing)
-        self._core = core
         self._thread = threading.Thread(target=self._run, args=(loop,), name="kiln-engine-core", daemon=True)
         self._thread.start()
-        return self.info
+        return info
 
     def _inbox(self, timeout: float) -> list[ToEngine]:
-        messages = []
+        taken: list[ToEngine | None] = []
         try:
-            messages.append(self._outgoing.get(timeout=timeout) if timeout > 0 else self._outgoing.get_nowait())
+            taken.append(self._outgoing.get(timeout=timeout) if timeout > 0 else self._outgoing.get_nowait())
             while True:
-                messages.append(self._outgoing.get_nowait())
+                taken.append(self._outgoing.get_nowait())
         except queue.Empty:
             pass
-        return messages
+        return [msg for msg in taken if msg is not None]  # None only stops a process client's writer
 
     def _run(self, loop: EngineLoop) -> None:
         try:
@@ -219,7 +234,7 @@ class ThreadEngineClient(EngineCoreClient):
             log.exception("engine core thread failed")
             self._report_dead(f"{type(e).__name__}: {e}")
         finally:
-            self._core.shutdown()
+            loop.core.shutdown()
 
     def shutdown(self) -> None:
         self.closing = True

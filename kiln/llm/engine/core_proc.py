@@ -1,20 +1,13 @@
-"""The engine-core busy loop, and the process that runs it.
-
-    API process                               engine process
-    ───────────                               ──────────────
-    core_client ── AddRequest / Abort / ──►   EngineLoop: drain inbox,
-                   Shutdown (msgpack)         core.step(), send StepResult
-                ◄── Ready / StepResult / ──
-                    Failed (msgpack)
+"""The engine-core process: `python -m kiln.llm.engine.core_proc`, started by
+the API process (core_client.ProcessEngineClient); only that process imports
+this module.
 
 The wire is two one-way OS pipes carrying length-prefixed msgpack frames
 (`multiprocessing.connection.Connection.send_bytes` / `recv_bytes`; never
-`send` / `recv`, which pickle). The engine's config is the first frame.
-The engine exits when told to, when its inbox pipe closes, or when its parent
-process is gone (polled by a watchdog thread), so it never outlives the server.
-
-`EngineLoop` knows nothing of pipes: the in-process mode (`core_client`)
-runs the same loop in a thread with a queue for an inbox.
+`send` / `recv`, which pickle) of the types in `messages`. The engine's
+config is the first frame. The engine exits when told to, when its inbox pipe
+closes, or when its parent process is gone (polled by a watchdog thread), so
+it never outlives the server.
 """
 
 from __future__ import annotations
@@ -25,181 +18,25 @@ import logging
 import os
 import signal
 import sys
-import threading
-import time
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import msgspec
+import torch
 
 from kiln.config import EngineConfig
-from kiln.llm.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from kiln.llm.engine.builder import build_engine_core
+from kiln.llm.engine.loop import EngineLoop, Inbox, ready_message
+from kiln.llm.engine.messages import Failed, FromEngine, ToEngine, encoder, to_engine_decoder
+from kiln.llm.parent_watch import watch_parent
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_S = 0.5  # how long an idle engine blocks on its inbox before re-checking its parent
-
-
-# ---- the protocol ------------------------------------------------------------
-
-
-class AddRequest(msgspec.Struct, tag="add"):
-    request: EngineCoreRequest
-
-
-class Abort(msgspec.Struct, tag="abort"):
-    request_ids: list[str]
-
-
-class Shutdown(msgspec.Struct, tag="shutdown"):
-    pass
-
-
-class Ready(msgspec.Struct, tag="ready"):
-    """The engine has loaded its model; what the API side needs to know of it."""
-
-    max_model_len: int
-    vocab_size: int
-    tokenizer_path: str
-    source: str
-    num_blocks: int
-    block_size: int
-    pid: int
-    worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
-
-
-class StepResult(msgspec.Struct, tag="step"):
-    outputs: EngineCoreOutputs
-    # Requests first scheduled in this step -> seconds they waited since arrival.
-    queue_times: dict[str, float] = {}
-
-
-class Failed(msgspec.Struct, tag="failed"):
-    message: str
-
-
-ToEngine = AddRequest | Abort | Shutdown
-FromEngine = Ready | StepResult | Failed
-
-to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
-from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)
-encoder = msgspec.msgpack.Encoder()
-
-
-# ---- the loop ----------------------------------------------------------------
-
-# Returns the next inbox messages: waits up to `timeout` seconds for the first
-# (0 = do not wait), then takes whatever else is already there.
-Inbox = Callable[[float], list[ToEngine]]
-
-
-class EngineLoop:
-    """Drain the inbox, step the core while it has work, report every step.
-
-    Invariant: every request the core holds has arrived through the inbox, and
-    each `step()` result is sent before the next inbox drain, so an abort takes
-    effect (and frees its KV blocks) at the next step boundary.
-    """
-
-    def __init__(self, core, inbox: Inbox, send: Callable[[FromEngine], None], alive: Callable[[], bool]):
-        self.core = core
-        self.inbox = inbox
-        self.send = send
-        self.alive = alive
-        self.unscheduled: dict[str, float] = {}  # request id -> arrival (monotonic)
-        self.stopped = False
-
-    def run(self) -> None:
-        while not self.stopped and self.alive():
-            self.core.check_health()  # a dead parallel worker ends the loop with EngineDeadError
-            busy = self.core.has_unfinished()
-            aborted = self.handle(self.inbox(0.0 if busy else IDLE_POLL_S))
-            if self.stopped:
-                break
-            if self.core.has_unfinished():
-                self.step()
-            elif aborted:
-                # No step follows, so report the freed blocks now.
-                self.send(StepResult(EngineCoreOutputs([], self.core.stats())))
-
-    def handle(self, messages: list[ToEngine]) -> bool:
-        """Apply inbox messages; True if any abort was applied."""
-        aborted = False
-        for msg in messages:
-            if isinstance(msg, AddRequest):
-                self.core.add_request(msg.request)
-                self.unscheduled[msg.request.request_id] = msg.request.arrival_time or time.monotonic()
-            elif isinstance(msg, Abort):
-                self.core.abort_requests(msg.request_ids)
-                for rid in msg.request_ids:
-                    self.unscheduled.pop(rid, None)
-                aborted = True
-            elif isinstance(msg, Shutdown):
-                self.stopped = True
-        return aborted
-
-    def step(self) -> None:
-        started = time.monotonic()
-        outputs = self.core.step()
-        self.send(StepResult(outputs, self._newly_scheduled(started)))
-
-    def _newly_scheduled(self, step_started: float) -> dict[str, float]:
-        """Queue time of requests that got their first compute in the last step."""
-        if not self.unscheduled:
-            return {}
-        requests = self.core.scheduler.requests
-        done = {}
-        for rid, arrival in self.unscheduled.items():
-            request = requests.get(rid)
-            if request is None or request.num_cached_tokens >= 0:  # admitted (or already finished)
-                done[rid] = max(0.0, step_started - arrival)
-        for rid in done:
-            del self.unscheduled[rid]
-        return done
-
-
-def ready_message(core, checkpoint) -> Ready:
-    return Ready(
-        max_model_len=core.max_model_len,
-        vocab_size=checkpoint.arch.vocab_size,
-        tokenizer_path=str(checkpoint.tokenizer_path),
-        source=str(checkpoint.source),
-        num_blocks=core.kv.pool.num_blocks,
-        block_size=core.config.cache.block_size,
-        pid=os.getpid(),
-        worker_pids=list(getattr(core.runner, "worker_pids", [])),
-    )
-
-
-# ---- the process -------------------------------------------------------------
-
-
-def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
-    """Exit this process as soon as `parent_pid` is no longer our parent."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(interval_s)
-        os._exit(1)  # the parent is gone: no one can read our outputs
-
-    threading.Thread(target=watch, name="kiln-parent-watch", daemon=True).start()
-
 
 def pick_torch_threads() -> int:
-    """One intra-op thread per core this process may run on.
-
-    The engine step is the server's hot path; the API process (HTTP,
-    tokenization, detokenization) used ~6% of the engine's CPU time in the
-    serving benchmark. Measured on the 2-core box with `kiln serve` +
-    `kiln bench serve` (bench/compare.py --serve, 16 prompts of 64-512
-    tokens): 2 threads gave 48 / 64 output tok/s at 0.5 req/s / all at once,
-    1 thread 37 / 39, and TTFT p99 2.0 s vs 3.6 s at 0.5 req/s. On a machine
-    shared with other busy processes fewer threads can win (threads that
-    outnumber the free cores wait on each other at every parallel region):
-    OMP_NUM_THREADS, when set, wins.
-    """
-    import torch
-
+    """One intra-op thread per core this process may run on: the engine step is
+    the hot path, the API process needs little CPU. OMP_NUM_THREADS wins (on a
+    busy shared machine fewer threads can be faster). See docs/benchmarks.md
+    (Serving, side by side with `vllm serve`)."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(len(os.sched_getaffinity(0)))
     return torch.get_num_threads()
@@ -219,8 +56,6 @@ def pipe_inbox(conn: Connection) -> Inbox:
 
 def serve_engine(inbox_conn: Connection, outbox_conn: Connection) -> int:
     """Body of the engine process: config in, Ready out, then the loop."""
-    from kiln.llm.engine.builder import build_engine_core  # heavy (torch): only in the engine
-
     def send(msg: FromEngine) -> None:
         outbox_conn.send_bytes(encoder.encode(msg))
 

@@ -1,12 +1,20 @@
-"""Typed messages between the API side and the engine core.
+"""Every typed message between the API side and the engine core.
+
+    API process                               engine process
+    ───────────                               ──────────────
+    core_client ── AddRequest / Abort / ──►   EngineLoop: drain inbox,
+                   Shutdown                   core.step(), send StepResult
+                ◄── Ready / StepResult / ──
+                    Failed
 
 msgspec structs, so the same types cross a process boundary as msgpack
-bytes (never pickle) or stay in-process as plain objects.
+bytes (never pickle) or stay in-process as plain objects (the thread mode).
 """
 from __future__ import annotations
 
 import msgspec
 
+from kiln.llm.outputs import TokenLogprob
 from kiln.llm.sampling_params import SamplingParams
 
 
@@ -17,12 +25,6 @@ class EngineCoreRequest(msgspec.Struct, frozen=True):
     eos_token_ids: tuple[int, ...] = ()
     priority: int = 0
     arrival_time: float = 0.0
-
-
-class TokenLogprob(msgspec.Struct, frozen=True):
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = []
 
 
 class EngineCoreOutput(msgspec.Struct):
@@ -57,3 +59,52 @@ class EngineStats(msgspec.Struct):
 class EngineCoreOutputs(msgspec.Struct):
     outputs: list[EngineCoreOutput] = []
     stats: EngineStats | None = None
+
+
+# ---- the protocol: what crosses the pipe -------------------------------------
+
+
+class AddRequest(msgspec.Struct, tag="add"):
+    request: EngineCoreRequest
+
+
+class Abort(msgspec.Struct, tag="abort"):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    pass
+
+
+class Ready(msgspec.Struct, tag="ready"):
+    """The engine has loaded its model; what the API side needs to know of it."""
+
+    max_model_len: int
+    vocab_size: int
+    tokenizer_path: str
+    source: str
+    num_blocks: int
+    block_size: int
+    pid: int
+    worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
+    # Memory this process holds (0: not known, e.g. with tensor/pipeline parallelism).
+    weights_bytes: int = 0
+    kv_cache_bytes: int = 0
+
+
+class StepResult(msgspec.Struct, tag="step"):
+    outputs: EngineCoreOutputs
+    # Requests first scheduled in this step -> seconds they waited since arrival.
+    queue_times: dict[str, float] = {}
+
+
+class Failed(msgspec.Struct, tag="failed"):
+    message: str
+
+
+ToEngine = AddRequest | Abort | Shutdown
+FromEngine = Ready | StepResult | Failed
+
+to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
+from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)
+encoder = msgspec.msgpack.Encoder()

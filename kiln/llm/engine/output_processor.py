@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln.llm.detokenizer import IncrementalDetokenizer
-from kiln.llm.engine.messages import EngineCoreOutput, TokenLogprob
-from kiln.llm.outputs import CompletionOutput, RequestOutput
+from kiln.llm.detokenizer import Decoder, IncrementalDetokenizer
+from kiln.llm.engine.messages import EngineCoreOutput
+from kiln.llm.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from kiln.llm.sampling_params import SamplingParams
-from kiln.llm.tokenizer import Tokenizer
 
 
 @dataclass
@@ -33,7 +32,7 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Decoder):
         self.tokenizer = tokenizer
         self.states: dict[str, RequestState] = {}
 

@@ -16,29 +16,9 @@ import torch
 
 from kiln.llm.kernels import isa
 from kiln.llm.kernels.build import BUILDS, LEGACY_LIBRARY
+from kiln.llm.kernels.tuning import BF16_LINEAR_MAX_ROWS, BF16_PACKED_MIN_ROWS, LINEAR_MAX_ROWS, PACKED_MIN_ROWS
 
 log = logging.getLogger(__name__)
-
-# ---- Tuned thresholds --------------------------------------------------------
-# Re-tune with bench/linear_f32.py (fp32) and bench/linear_bf16.py (bf16); the
-# figures behind them are in docs/benchmarks.md.
-#
-# Up to this many rows the kernel is at least as fast as MKL on this class of
-# CPU (bench/linear_f32.py measures the crossover); above, prefill chunks
-# take torch's BLAS.
-LINEAR_MAX_ROWS = 192
-# Where a layer also holds a oneDNN-packed copy of its weight (pack_linear_weight),
-# more rows than this take oneDNN: on the 2-core Zen3 box it beats Kiln's
-# kernel from 32-48 rows and MKL by 15-28% at 128-1024 rows (bench/linear_f32.py).
-PACKED_MIN_ROWS = 32
-# bf16 weights (bench/linear_bf16.py --cpu-time, Zen 4): Kiln's AVX512_BF16
-# kernel beats oneDNN's packed bf16 weights up to 8 rows and loses from 16,
-# so more than BF16_PACKED_MIN_ROWS rows take the packed copy where a layer
-# has one; without one, Kiln's kernel beats torch's F.linear up to 32 rows
-# and loses at 64 (BF16_LINEAR_MAX_ROWS).
-BF16_LINEAR_MAX_ROWS = 48
-BF16_PACKED_MIN_ROWS = 8
-# -------------------------------------------------------------------------------
 
 
 def packed_min_rows(dtype: torch.dtype) -> int:
@@ -148,7 +128,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 def linear_packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ W^T with W as packed by pack_linear_weight (x in W's dtype).
-    Each row's result does not depend on M (checked in tests/unit/kernels)."""
+    Each row's result does not depend on M (checked in tests/unit/llm/kernels)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
@@ -215,6 +195,21 @@ def paged_decode_attention(
     )
 
 
+def _cuda_layers(x: torch.Tensor):
+    """kiln.llm.kernels.triton_layers for a CUDA tensor (Triton installed,
+    KILN_KERNELS not 0), else None."""
+    if x.device.type != "cuda" or os.environ.get("KILN_KERNELS", "1") == "0":
+        return None
+    # Imported here: Triton is an optional dependency, needed only on CUDA.
+    from kiln.llm.kernels.triton_env import triton_available
+
+    if not triton_available():
+        return None
+    from kiln.llm.kernels import triton_layers
+
+    return triton_layers
+
+
 def _one_kernel_dtype(*tensors: torch.Tensor) -> bool:
     """All fp32 or all bf16 CPU tensors (the elementwise kernels' dtypes, both builds), library loaded."""
     return (
@@ -225,7 +220,9 @@ def _one_kernel_dtype(*tensors: torch.Tensor) -> bool:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
-    """RMSNorm of x [M, K] rows in one call, or None when not fp32/bf16 CPU."""
+    """RMSNorm of x [M, K] rows in one call, or None when not fp32/bf16 CPU (or CUDA: Triton)."""
+    if x.dim() == 2 and x.stride(-1) == 1 and (gpu := _cuda_layers(x)) is not None:
+        return gpu.rms_norm(x, weight, eps)
     if x.dim() != 2 or not _one_kernel_dtype(x, weight):
         return None
     return torch.ops.kiln.rms_norm(x, weight, eps)
@@ -235,6 +232,8 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(rms_norm(x + residual), x + residual) in one call, or None."""
+    if x.dim() == 2 and x.stride(-1) == residual.stride(-1) == 1 and (gpu := _cuda_layers(x)) is not None:
+        return gpu.add_rms_norm(x, residual, weight, eps)
     if x.dim() != 2 or not _one_kernel_dtype(x, residual, weight):
         return None
     return torch.ops.kiln.add_rms_norm(x, residual, weight, eps)
@@ -242,8 +241,12 @@ def add_rms_norm(
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Rotate-half RoPE on q [T, H, D] and k [T, KVH, D] in place; False
-    (nothing done) when not fp32/bf16 CPU. The tables may be fp32 or bf16
-    (a bf16 model's buffers) whatever q's dtype: fp32 arithmetic either way."""
+    (nothing done) when not fp32/bf16 CPU (or CUDA: Triton). On CPU the tables
+    may be fp32 or bf16 (a bf16 model's buffers) whatever q's dtype: fp32
+    arithmetic either way."""
+    if q.stride(-1) == 1 and k.stride(-1) == 1 and (gpu := _cuda_layers(q)) is not None:
+        gpu.rotary_(q, k, cos, sin)
+        return True
     if (q.stride(-1) != 1 or k.stride(-1) != 1 or not _one_kernel_dtype(q, k)
             or cos.dtype not in ELEMENTWISE_DTYPES or sin.dtype not in ELEMENTWISE_DTYPES):
         return False
@@ -253,6 +256,8 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up for gate_up [T, 2I] = gate | up, or None."""
+    if gate_up.dim() == 2 and gate_up.stride(-1) == 1 and (gpu := _cuda_layers(gate_up)) is not None:
+        return gpu.silu_mul(gate_up)
     if gate_up.dim() != 2 or not _one_kernel_dtype(gate_up):
         return None
     return torch.ops.kiln.silu_mul(gate_up)

@@ -92,7 +92,3 @@ class BlockPool:
             del self.cached[block.block_hash]
             self.num_evictions += 1
         block.block_hash = None
-
-    def reset_prefix_cache(self) -> None:
-        for block in self._free.values():
-            self._evict(block)

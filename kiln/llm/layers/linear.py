@@ -33,13 +33,12 @@ def project(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) 
 
 
 def pack_for_prefill(model: nn.Module) -> int:
-    """Give every fp32 or bf16 CPU `Linear` of a finished model a oneDNN-packed
-    copy of its weight for prefill-sized inputs; returns how many got one. Run
-    last: the copy does not follow later changes to the weight."""
+    """Pack every `Linear` of a finished model (`Linear.pack`: fp32 or bf16
+    CPU weights); returns how many got a packed copy."""
     packed = 0
     for module in model.modules():
         if isinstance(module, Linear):
-            module.packed = pack_linear_weight(module.weight)
+            module.pack()
             packed += module.packed is not None
     return packed
 
@@ -50,9 +49,15 @@ class Linear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        # oneDNN copy of the weight (pack_for_prefill); a plain attribute, so
+        # oneDNN copy of the weight (`pack`); a plain attribute, so
         # state_dict and .to() leave it alone and forward checks the dtype.
         self.packed: torch.Tensor | None = None
+
+    def pack(self) -> None:
+        """Keep a oneDNN-packed copy of the weight for prefill-sized inputs
+        (fp32 or bf16 CPU weights). Call last: the copy does not follow later
+        changes to the weight."""
+        self.packed = pack_linear_weight(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return project(x, self.weight, self.packed)

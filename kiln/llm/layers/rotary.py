@@ -30,6 +30,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
 class RotaryEmbedding(torch.nn.Module):
     """Precomputed cos/sin tables indexed by absolute position."""
 
+    cos: torch.Tensor  # [max_positions, D/2] buffers
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
@@ -43,7 +46,9 @@ class RotaryEmbedding(torch.nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     @staticmethod
-    def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def rotate(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, H, D], k: [T, KVH, D]. The fused kernel rotates them in
         place (they are views of a temporary qkv projection)."""
         if ops.rotary_(q, k, cos, sin):

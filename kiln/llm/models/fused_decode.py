@@ -1,13 +1,15 @@
 """Decode-only steps through `kiln::decode_layer`: one call per layer.
 
-At batch 1 a step's projections stream the weights at ~10 GB/s, and the
-Python around them (module calls, views, kernel checks: ~15 ops per layer)
-was another ~15-20% of the step. `kiln::decode_layer` runs the same kernels
-in the same order as LlamaLayer.forward, so its output is bit-identical
-(tests/unit/kernels/test_decode_layer.py); this module decides when it
-applies and hands it each layer's tensors, gathered once after load.
+At batch 1 the Python around a layer's kernels (module calls, views, kernel
+checks: ~15 ops per layer) is a visible share of a step (see
+docs/benchmarks.md (One call per decoder layer (`kiln::decode_layer`))).
+`kiln::decode_layer` runs the same kernels in the same
+order as LlamaLayer.forward, so its output is bit-identical
+(tests/unit/llm/kernels/test_decode_layer.py). LlamaModel decides whether
+its layers qualify (`LlamaModel.gather_fused_layers`); this module holds
+what the kernel takes per layer and when a step may use it.
 
-It applies to a plain (not sharded) fp32 or bf16 CPU LlamaModel with Kiln's
+It applies to a plain (not sharded) fp32 or bf16 CPU model with Kiln's
 kernels loaded, every projection in the model's dtype (fp32 models: also
 int8 or Kiln-format int4), a head layout the paged kernel takes, and a step
 of decode rows only, at most packed_min_rows(dtype) of them (above that the
@@ -18,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from kiln.llm.attention.backend import TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
 from kiln.llm.kernels.ops import kernels_loaded, packed_min_rows
 from kiln.llm.layers.linear import Linear
+from kiln.llm.models.arch import LlamaArch
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
 from kiln.llm.quant.int8 import Int8Linear
 
@@ -38,7 +41,19 @@ class FusedLayer:
     group_size: int  # of the int4 projections (0: none)
 
 
-def projection_tensors(module, dtype: torch.dtype) -> tuple[list[torch.Tensor], int] | None:
+def supported(arch: LlamaArch, embed_tokens: torch.Tensor) -> bool:
+    """Kernels loaded, a head layout the paged kernel takes, fp32 or bf16 weights on CPU."""
+    heads_ok = (
+        arch.head_dim % 16 == 0 and arch.num_heads % arch.num_kv_heads == 0
+        and arch.num_heads // arch.num_kv_heads <= 8
+    )
+    return (
+        kernels_loaded() and heads_ok and embed_tokens.dtype in (torch.float32, torch.bfloat16)
+        and embed_tokens.device.type == "cpu"
+    )
+
+
+def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], int] | None:
     """(tensors the kernel takes, int4 group size or 0) for a model of
     `dtype`, or None. The quantized kernels take fp32 activations only."""
     if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
@@ -52,46 +67,41 @@ def projection_tensors(module, dtype: torch.dtype) -> tuple[list[torch.Tensor], 
     return None
 
 
-def prepare(model) -> list[FusedLayer] | None:
-    """Each layer's tensors for kiln::decode_layer, or None where it does not apply."""
-    from kiln.llm.models.llama import LlamaAttention, LlamaLayer, LlamaMLP
-
-    a = model.arch
-    heads_ok = a.head_dim % 16 == 0 and a.num_heads % a.num_kv_heads == 0 and a.num_heads // a.num_kv_heads <= 8
-    dtype = model.embed_tokens.dtype
-    if not (kernels_loaded() and heads_ok and dtype in (torch.float32, torch.bfloat16)
-            and model.embed_tokens.device.type == "cpu"):
+def fused_layer(
+    qkv: nn.Module, o: nn.Module, gate_up: nn.Module, down: nn.Module, input_norm: torch.Tensor,
+    post_norm: torch.Tensor,
+) -> FusedLayer | None:
+    """One layer's kernel arguments, or None if a projection is of a kind the kernel
+    does not take (the model's dtype is the norms')."""
+    tensors: list[list[torch.Tensor]] = []
+    groups: set[int] = set()
+    for module in (qkv, o, gate_up, down):
+        found = projection_tensors(module, input_norm.dtype)
+        if found is None:
+            return None
+        tensors.append(found[0])
+        groups.add(found[1])
+    groups.discard(0)
+    if len(groups) > 1:
         return None
-    layers = []
-    for layer in model.layers:
-        if not (type(layer) is LlamaLayer and type(layer.self_attn) is LlamaAttention and type(layer.mlp) is LlamaMLP
-                and type(layer.self_attn.backend) is TorchPagedAttention):
-            return None
-        parts = [projection_tensors(m, dtype) for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                 layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        if any(p is None for p in parts):
-            return None
-        groups = {g for _, g in parts if g}
-        if len(groups) > 1:
-            return None
-        (qkv, _), (o, _), (gate_up, _), (down, _) = parts
-        layers.append(FusedLayer(qkv, o, gate_up, down, layer.input_layernorm.weight,
-                                 layer.post_attention_layernorm.weight, groups.pop() if groups else 0))
-    return layers
+    qkv_t, o_t, gate_up_t, down_t = tensors
+    return FusedLayer(qkv_t, o_t, gate_up_t, down_t, input_norm, post_norm, groups.pop() if groups else 0)
 
 
 def applies(meta: AttentionMetadata, num_tokens: int, dtype: torch.dtype = torch.float32) -> bool:
     return not meta.prefills and meta.num_decodes == num_tokens <= packed_min_rows(dtype)
 
 
-def run(model, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: list[torch.Tensor],
-        meta: AttentionMetadata) -> torch.Tensor:
+def run(
+    layers: list[FusedLayer], arch: LlamaArch, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    kv_caches: list[torch.Tensor], meta: AttentionMetadata,
+) -> torch.Tensor:
     """The decoder layers over a decode-only step; returns the residual stream."""
-    a = model.arch
+    a = arch
     tables = [g.block_tables for g in meta.decode_groups]
     lens = [g.context_lens for g in meta.decode_groups]
     cos, sin = rope
-    for f, kv_cache in zip(model.fused_layers, kv_caches, strict=False):
+    for f, kv_cache in zip(layers, kv_caches, strict=False):
         x = torch.ops.kiln.decode_layer(
             x, f.qkv, f.o, f.gate_up, f.down, f.group_size, f.input_norm, f.post_norm,
             a.rms_norm_eps, cos, sin, kv_cache, meta.slot_mapping, tables, lens, meta.block_size,

@@ -7,8 +7,10 @@ reader and `gguf.quants.dequantize` hand back numpy arrays shaped
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +49,10 @@ _CORRUPT_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, O
 class _FastGGUFReader(GGUFReader):
     """GGUFReader that slices a plain ndarray view of its np.memmap.
 
-    Same parse; about 3x faster on files with a big vocabulary, because
-    slicing an np.memmap subclass costs microseconds per slice and the
-    reader makes ~250k of them for the token and merge lists. Overrides the
-    reader's private `_get` (same signature as gguf 0.10-0.19).
+    Same parse, much faster on files with a big vocabulary: slicing the
+    np.memmap subclass is slow per slice, and the reader slices once per
+    token and merge (see docs/benchmarks.md (GGUF header parse (model loading))). Overrides
+    the reader's private `_get` (same signature as gguf 0.10-0.19).
     """
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: str | None = None) -> np.ndarray:
@@ -74,16 +76,52 @@ def open_gguf(path: Path) -> GGUFReader:
         raise ModelLoadError(f"cannot read GGUF file {path}: {e or type(e).__name__}") from e
 
 
-def load_gguf(path: Path) -> Checkpoint:
-    reader = open_gguf(path)
+class GGUFFile:
+    """A llama GGUF file's architecture, and its tensors under HF names,
+    dequantized one at a time on request (the file stays mmapped)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        reader = open_gguf(path)
+        with _corrupt_as_load_error(path):
+            self.arch = _read_arch(reader, path)
+            self.shapes = expected_weight_shapes(self.arch)
+            self._tensors = {_hf_name(t.name, path): t for t in reader.tensors}
+        unexpected = [t.name for name, t in self._tensors.items() if name not in self.shapes]
+        if unexpected:
+            raise ModelLoadError(f"unexpected tensor {unexpected[0]} in {path}")
+
+    @property
+    def names(self) -> list[str]:
+        """HF names of the tensors in the file, in file order."""
+        return list(self._tensors)
+
+    def read(self, name: str) -> torch.Tensor:
+        """The whole tensor `name`, float32, in HF layout."""
+        tensor = self._tensors[name]
+        with _corrupt_as_load_error(self.path):
+            array = _dequantize(tensor, self.path)
+        if array.shape != self.shapes[name]:
+            raise ModelLoadError(
+                f"tensor {tensor.name} in {self.path} has shape {array.shape}, expected {self.shapes[name]}"
+            )
+        return torch.from_numpy(_unpermute_if_qk(name, array, self.arch))
+
+
+@contextlib.contextmanager
+def _corrupt_as_load_error(path: Path) -> Iterator[None]:
     try:
-        arch = _read_arch(reader, path)
-        weights = _read_weights(reader, arch, path)
+        yield
     except ModelLoadError:
         raise
     except _CORRUPT_ERRORS as e:
         raise ModelLoadError(f"corrupt GGUF file {path}: {e or type(e).__name__}") from e
-    return Checkpoint(arch=arch, weights=weights, tokenizer_path=str(path), source=str(path))
+
+
+def load_gguf(path: Path) -> Checkpoint:
+    file = GGUFFile(path)
+    weights = {name: file.read(name) for name in file.names}
+    return Checkpoint(arch=file.arch, weights=weights, tokenizer_path=str(path), source=str(path))
 
 
 def _meta(reader: GGUFReader, key: str, path: Path, default: Any = _REQUIRED) -> Any:
@@ -160,22 +198,6 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _read_weights(reader: GGUFReader, arch: LlamaArch, path: Path) -> dict[str, torch.Tensor]:
-    expected = expected_weight_shapes(arch)
-    weights: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
-        name = _hf_name(tensor.name, path)
-        if name not in expected:
-            raise ModelLoadError(f"unexpected tensor {tensor.name} in {path}")
-        array = _dequantize(tensor, path)
-        if array.shape != expected[name]:
-            raise ModelLoadError(
-                f"tensor {tensor.name} in {path} has shape {array.shape}, expected {expected[name]}"
-            )
-        weights[name] = torch.from_numpy(_unpermute_if_qk(name, array, arch))
-    return weights
-
-
 def _hf_name(gguf_name: str, path: Path) -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
@@ -211,12 +233,9 @@ def _unpermute_if_qk(name: str, w: np.ndarray, arch: LlamaArch) -> np.ndarray:
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo convert_hf_to_gguf.py's Q/K row permutation.
-
-    llama.cpp's rope rotates adjacent pairs (x0,x1),(x2,x3)...; HF rotates
-    halves (x0,x_d/2)... The converter interleaves each head's two halves:
-    `w.reshape(n, 2, d/2, cols).swapaxes(1, 2)`. This is its inverse.
-    """
+    """Invert convert_hf_to_gguf.py's Q/K row permutation, which interleaves each
+    head's two halves (`w.reshape(n, 2, d/2, cols).swapaxes(1, 2)`) because
+    llama.cpp's rope rotates adjacent pairs where HF's rotates halves."""
     rows, cols = w.shape
     half = rows // n_heads // 2
     return w.reshape(n_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)

@@ -152,7 +152,7 @@ def _unique(ids: tuple[int, ...]) -> tuple[int, ...]:
 
 def _load_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     weights: dict[str, torch.Tensor] = {}
-    for file in _safetensors_files(directory):
+    for file in safetensors_files(directory):
         try:
             weights.update(load_file(str(file)))
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -160,7 +160,7 @@ def _load_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _safetensors_files(directory: Path) -> list[Path]:
+def safetensors_files(directory: Path) -> list[Path]:
     index = directory / _INDEX_FILE
     if index.is_file():
         weight_map = _read_json(index).get("weight_map")

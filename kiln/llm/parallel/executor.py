@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import NoReturn
 
 import torch
 
@@ -30,22 +31,26 @@ from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, KilnError, ModelLoadError
 from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.models.arch import LlamaArch
+from kiln.llm.parallel.model import gather_weight_bytes
 from kiln.llm.parallel.plan import (
     Heartbeat,
+    Plan,
     PlanChunk,
     ReportWeights,
     StepPlan,
     Stop,
     WorkerInit,
     broadcast_plan,
-    gather_weight_bytes,
     split_micro_batches,
 )
 from kiln.llm.parallel.shard_builder import build_stage
+from kiln.llm.parallel.stage import MicroBatchLogits
 from kiln.llm.parallel.state import join_world, make_tp_groups, shutdown_distributed
 from kiln.llm.parallel.weights import WeightReader
+from kiln.llm.request import Request
 from kiln.llm.sampling.sampler import Sampler
 from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
+from kiln.llm.spec_decode.proposer import Proposer
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +106,14 @@ class WorkerProcesses:
 
 
 class ParallelRunner:
-    """ModelRunner's interface (execute, sampler, proposer, logits_for) over N x M ranks."""
+    """The Runner (runner/base.py) of a model split over TP x PP ranks; this process is rank 0."""
 
     def __init__(
         self, config: EngineConfig, arch: LlamaArch, reader: WeightReader, num_blocks: int, max_model_len: int
     ):
         p = config.parallel
         self.config = config
-        self.proposer = None  # speculative decoding is rejected with TP/PP (EngineConfig)
+        self.proposer: Proposer | None = None  # speculative decoding is rejected with TP/PP (EngineConfig)
         self.workers: WorkerProcesses | None = None
         self.dead_message: str | None = None
         self._closed = False
@@ -138,12 +143,14 @@ class ParallelRunner:
         self.sampler = Sampler(self.device, config.model.seed)
         self.last_plan_bytes = 0
         if self.workers is not None:
-            threading.Thread(target=self._watch_workers, name="kiln-worker-watch", daemon=True).start()
+            threading.Thread(
+                target=self._watch_workers, args=(self.workers,), name="kiln-worker-watch", daemon=True
+            ).start()
 
     # ---- health ------------------------------------------------------------------
-    def _watch_workers(self) -> None:
+    def _watch_workers(self, workers: WorkerProcesses) -> None:
         while not self._closed and self.dead_message is None:
-            exited = self.workers.first_exited()
+            exited = workers.first_exited()
             if exited is not None and not self._closed:
                 self.dead_message = exited
                 log.error("parallel engine: %s", exited)
@@ -157,14 +164,14 @@ class ParallelRunner:
         if time.monotonic() - self._last_contact > HEARTBEAT_S:
             self._broadcast(Heartbeat())
 
-    def _broadcast(self, plan) -> None:
+    def _broadcast(self, plan: Plan) -> None:
         try:
             self.last_plan_bytes = broadcast_plan(plan)
         except Exception as e:  # gloo: connection closed by peer, or timeout
             self._fail(e)
         self._last_contact = time.monotonic()
 
-    def _fail(self, error: BaseException) -> None:
+    def _fail(self, error: BaseException) -> NoReturn:
         time.sleep(POLL_S * 2)  # let the watcher name the worker that died, if one did
         if self.dead_message is None:
             self.dead_message = f"a collective failed ({type(error).__name__}: {str(error)[:300]})"
@@ -183,7 +190,7 @@ class ParallelRunner:
         micro = split_micro_batches([c.num_tokens for c in chunks], parts if self.state.pp_size > 1 else 1)
         return StepPlan(chunks, micro, all_logits)
 
-    def _run(self, plan: StepPlan):
+    def _run(self, plan: StepPlan) -> list[MicroBatchLogits]:
         self.check_health()
         self._broadcast(plan)
         try:
@@ -204,7 +211,7 @@ class ParallelRunner:
         tokens = self.sampler(logits, requests)
         return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens, strict=False)})
 
-    def propose(self, requests, num_drafts):
+    def propose(self, requests: list[Request], num_drafts: list[int]) -> list[list[int]]:
         return [[] for _ in requests]
 
     def logits_for(self, sched: SchedulerOutput) -> torch.Tensor:

@@ -16,11 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.errors import ConfigError
+from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.models.arch import LlamaArch
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def balanced(n: int, parts: int, index: int) -> tuple[int, int]:

@@ -8,11 +8,16 @@ and the previous stage's hidden states elsewhere.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from kiln.llm.attention.backend import TorchPagedAttention
+from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
+from kiln.llm.attention.selector import install_attention_backend
+from kiln.llm.layers.linear import pack_for_prefill
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models.arch import LlamaArch
@@ -24,7 +29,10 @@ from kiln.llm.parallel.weights import WeightReader
 
 
 class ShardedAttention(LlamaAttention):
-    def __init__(self, arch: LlamaArch, backend, split: TensorSplit, state: ParallelState):
+    qkv_proj: ColumnParallelLinear  # sharded before load; quantization does not apply with TP
+    o_proj: RowParallelLinear
+
+    def __init__(self, arch: LlamaArch, backend: AttentionBackend, split: TensorSplit, state: ParallelState):
         nn.Module.__init__(self)
         self.arch, self.backend = arch, backend
         self.num_heads, self.num_kv_heads = split.num_heads, split.num_kv_heads
@@ -39,6 +47,9 @@ class ShardedAttention(LlamaAttention):
 
 
 class ShardedMLP(LlamaMLP):
+    gate_up_proj: ColumnParallelLinear
+    down_proj: RowParallelLinear
+
     def __init__(self, arch: LlamaArch, split: TensorSplit, state: ParallelState):
         nn.Module.__init__(self)
         cols = split.intermediate
@@ -52,6 +63,22 @@ class ShardedMLP(LlamaMLP):
         self.down_proj.load(reader, f"{prefix}mlp.down_proj.weight")
 
 
+class ShardedLayer(LlamaLayer):
+    """A decoder layer holding this rank's heads and MLP columns."""
+
+    self_attn: ShardedAttention
+    mlp: ShardedMLP
+
+    def __init__(self, arch: LlamaArch, backend: AttentionBackend, split: TensorSplit, state: ParallelState):
+        super().__init__(arch, backend, ShardedAttention(arch, backend, split, state), ShardedMLP(arch, split, state))
+
+    def load(self, reader: WeightReader, prefix: str) -> None:
+        self.self_attn.load(reader, prefix)
+        self.mlp.load(reader, prefix)
+        self.input_layernorm.weight.data.copy_(reader.read(prefix + "input_layernorm.weight"))
+        self.post_attention_layernorm.weight.data.copy_(reader.read(prefix + "post_attention_layernorm.weight"))
+
+
 class ShardedLlamaModel(nn.Module):
     def __init__(self, arch: LlamaArch, max_positions: int, state: ParallelState):
         super().__init__()
@@ -63,11 +90,10 @@ class ShardedLlamaModel(nn.Module):
         self.rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
         h, v = arch.hidden_size, arch.vocab_size
         self.embed = VocabParallelEmbedding(split.vocab, v, h, state) if state.is_first_stage else None
-        self.layers = nn.ModuleList(
-            LlamaLayer(arch, backend, ShardedAttention(arch, backend, split, state), ShardedMLP(arch, split, state))
-            for _ in range(self.first_layer, last)
-        )
-        self.norm = self.lm_head = None
+        self.layers = nn.ModuleList(ShardedLayer(arch, backend, split, state) for _ in range(self.first_layer, last))
+        # The last stage's: the final norm and this rank's LM head rows.
+        self.norm: RMSNorm | None = None
+        self.lm_head: ParallelLMHead | None = None
         if state.is_last_stage:
             self.norm = RMSNorm(h, arch.rms_norm_eps)
             tied = self.embed if (arch.tie_word_embeddings and self.embed is not None) else None
@@ -77,22 +103,36 @@ class ShardedLlamaModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return next(p for p in self.parameters()).dtype
 
+    def finish(
+        self, device: torch.device, dtype: torch.dtype, kv_cache_dtype: torch.dtype | None = None
+    ) -> ShardedLlamaModel:
+        """The loaded shard on `device` in `dtype` with the attention backend for
+        the device and KV pool dtype, fp32 CPU projections packed for prefill."""
+        self.to(device=device, dtype=dtype).eval()
+        install_attention_backend(self, device, kv_cache_dtype or dtype)
+        pack_for_prefill(self)
+        return self
+
+    @property
+    def decoder_layers(self) -> list[ShardedLayer]:
+        """`layers`, typed (an nn.ModuleList yields plain Modules)."""
+        return cast("list[ShardedLayer]", list(self.layers))
+
     def load_weights(self, reader: WeightReader) -> None:
         a = self.arch
         if self.embed is not None:
             self.embed.load(reader, "model.embed_tokens.weight")
-        for offset, layer in enumerate(self.layers):
-            p = f"model.layers.{self.first_layer + offset}."
-            layer.self_attn.load(reader, p)
-            layer.mlp.load(reader, p)
-            layer.input_layernorm.weight.data.copy_(reader.read(p + "input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.data.copy_(reader.read(p + "post_attention_layernorm.weight"))
-        if self.lm_head is not None:
+        for offset, layer in enumerate(self.decoder_layers):
+            layer.load(reader, f"model.layers.{self.first_layer + offset}.")
+        if self.norm is not None and self.lm_head is not None:
             self.norm.weight.data.copy_(reader.read("model.norm.weight"))
             name = "model.embed_tokens.weight" if a.tie_word_embeddings else "lm_head.weight"
             self.lm_head.load(reader, name)
 
-    def forward(self, x: torch.Tensor, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata):
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor:
         """x: token ids [T] on the first stage, hidden states [T, H] elsewhere.
         Returns hidden states [T, H] (normed on the last stage)."""
         if self.embed is not None:
@@ -103,7 +143,9 @@ class ShardedLlamaModel(nn.Module):
         return self.norm(x) if self.norm is not None else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """This rank's vocabulary columns, float32 [rows, V / tp]."""
+        """This rank's vocabulary columns, float32 [rows, V / tp] (last stage only)."""
+        if self.lm_head is None:
+            raise RuntimeError(f"pipeline stage {self.state.pp_rank} holds no LM head")
         return self.lm_head(hidden)
 
 
@@ -115,3 +157,11 @@ def resident_weight_bytes(module: nn.Module) -> int:
         storage = t.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def gather_weight_bytes(module: nn.Module) -> list[int]:
+    """All ranks call this together; every rank gets every rank's resident weight bytes."""
+    mine = torch.tensor([resident_weight_bytes(module)], dtype=torch.int64)
+    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return [int(t.item()) for t in everyone]

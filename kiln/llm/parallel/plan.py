@@ -4,7 +4,7 @@ the process group in a uint8 tensor (length first). Never pickle.
     WorkerInit   once, after the group forms: the engine config and pool size
     StepPlan     each engine step: the scheduled chunks, flattened
     Heartbeat    while idle, so a dead peer is noticed without a request
-    ReportWeights  each rank's resident weight bytes (an all_gather; tests, metrics)
+    ReportWeights  each rank's resident weight bytes (model.gather_weight_bytes; tests, metrics)
     Stop         shut down cleanly
 """
 from __future__ import annotations
@@ -97,13 +97,3 @@ def split_micro_batches(token_counts: list[int], parts: int) -> list[list[int]]:
         runs[-1].append(i)
         done += n
     return runs
-
-
-def gather_weight_bytes(module) -> list[int]:
-    """All ranks call this together; every rank gets every rank's bytes."""
-    from kiln.llm.parallel.model import resident_weight_bytes
-
-    mine = torch.tensor([resident_weight_bytes(module)], dtype=torch.int64)
-    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, mine)
-    return [int(t.item()) for t in everyone]

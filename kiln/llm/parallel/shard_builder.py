@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 from kiln.config import EngineConfig
-from kiln.llm.layers.linear import pack_for_prefill
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.parallel.layout import TensorSplit, stage_layers
 from kiln.llm.parallel.model import ShardedLlamaModel
@@ -25,9 +24,7 @@ def build_stage(
     torch.manual_seed(config.model.seed)
     model = ShardedLlamaModel(arch, max_model_len, state)
     model.load_weights(reader)
-    # Per-module transforms of the loaded shard (e.g. weight-only quantization) go here.
-    model = model.to(device=state.device, dtype=DTYPES[config.model.dtype]).eval()
-    pack_for_prefill(model)
+    model.finish(state.device, DTYPES[config.model.dtype], kv_dtype(config))
     return StageRunner(model, state, num_blocks, config.cache.block_size, kv_dtype(config))
 
 

@@ -50,7 +50,9 @@ class StageRunner:
     def run(self, plan: StepPlan) -> list[MicroBatchLogits]:
         """Returns the gathered logits on the driver (rank 0); [] elsewhere."""
         s, a = self.state, self.model.arch
-        pending, keep, results = [], [], []
+        pending: list[dist.Work] = []  # non-blocking sends, waited for at the end
+        keep: list[torch.Tensor] = []  # what they send, alive until then
+        results: list[MicroBatchLogits] = []
         waiting_rows: list[tuple[list[PlanChunk], int]] = []  # driver, PP > 1: logits still to receive
         for mb in plan.micro_batches:
             inputs = build_inputs([plan.chunks[i] for i in mb], self.block_size, s.device)
@@ -66,7 +68,7 @@ class StageRunner:
             if not s.is_last_stage:
                 hidden = hidden.contiguous()
                 keep.append(hidden)
-                pending.append(dist.isend(hidden, dst=s.global_rank(s.pp_rank + 1, s.tp_rank)))
+                pending.append(_isend(hidden, s.global_rank(s.pp_rank + 1, s.tp_rank)))
                 if s.rank == 0 and rows.numel():
                     waiting_rows.append((chunks, rows.numel()))
                 continue
@@ -80,7 +82,7 @@ class StageRunner:
                 results.append(MicroBatchLogits(chunks, full))
             else:
                 keep.append(full)
-                pending.append(dist.isend(full, dst=0))
+                pending.append(_isend(full, 0))
         for chunks, count in waiting_rows:
             logits = torch.empty(count, a.vocab_size, dtype=torch.float32, device=s.device)
             dist.recv(logits, src=s.logits_rank)
@@ -88,3 +90,10 @@ class StageRunner:
         for work in pending:
             work.wait()
         return results
+
+
+def _isend(tensor: torch.Tensor, dst: int) -> dist.Work:
+    work = dist.isend(tensor, dst=dst)
+    if work is None:  # only when this rank is not in the group, which a stage never is
+        raise RuntimeError(f"isend to rank {dst} returned no work handle")
+    return work

@@ -39,7 +39,7 @@ class ParallelState:
     tp_size: int = 1
     pp_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    tp_group: object | None = None  # ProcessGroup of this rank's stage; None when tp_size == 1
+    tp_group: dist.ProcessGroup | None = None  # this rank's stage; None when tp_size == 1
     stats: CommStats | None = None  # set to count and time collectives (bench/parallel_overhead.py)
 
     @property

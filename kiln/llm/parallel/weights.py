@@ -11,17 +11,26 @@ already holds (`DictReader`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+from safetensors import safe_open
 
-from kiln.errors import ModelLoadError
 from kiln.llm.models.arch import LlamaArch
-from kiln.llm.models.checkpoint import expected_weight_shapes
+from kiln.llm.models.checkpoint import check_none_missing
+from kiln.llm.models.gguf_loader import GGUFFile
+from kiln.llm.models.hf_loader import load_hf_arch, safetensors_files
+from kiln.llm.models.loader import locate_model
 
 
 class WeightReader(Protocol):
     def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor: ...
+
+
+def _narrow(tensor: torch.Tensor, dim: int | None, start: int, end: int | None) -> torch.Tensor:
+    if dim is None:
+        return tensor
+    return tensor.narrow(dim, start, (end if end is not None else tensor.shape[dim]) - start)
 
 
 class DictReader:
@@ -30,34 +39,22 @@ class DictReader:
     def __init__(self, weights: dict[str, torch.Tensor]):
         self.weights = weights
 
-    def read(self, name, dim=None, start=0, end=None):
-        tensor = self.weights[name]
-        if dim is not None:
-            tensor = tensor.narrow(dim, start, (end if end is not None else tensor.shape[dim]) - start)
-        return tensor.clone()
+    def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor:
+        return _narrow(self.weights[name], dim, start, end).clone()
 
 
 class SafetensorsReader:
     """Lazy slices from a HF directory's *.safetensors files (mmapped, per tensor)."""
 
     def __init__(self, directory: Path, arch: LlamaArch):
-        from safetensors import safe_open
-
-        from kiln.llm.models.hf_loader import _safetensors_files  # the same file discovery as a full load
-
-        self.files = {}
-        self.where: dict[str, object] = {}
-        for file in _safetensors_files(directory):
+        self.where: dict[str, Any] = {}  # tensor name -> the safe_open handle of its file
+        for file in safetensors_files(directory):  # the same file discovery as a full load
             handle = safe_open(str(file), framework="pt")
-            self.files[file] = handle
             for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
                 self.where[name] = handle
-        self.tied = arch.tie_word_embeddings
-        missing = sorted(expected_weight_shapes(arch).keys() - self.where.keys())
-        if missing:
-            raise ModelLoadError(f"{directory}: missing weights {missing[:5]}")
+        check_none_missing(arch, self.where, str(directory))
 
-    def read(self, name, dim=None, start=0, end=None):
+    def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor:
         sliced = self.where[name].get_slice(name)
         if dim is None:
             return sliced[:].clone()
@@ -70,43 +67,19 @@ class GGUFWeightReader:
     """Lazy slices of a .gguf file: dequantizes only the tensor asked for."""
 
     def __init__(self, path: Path):
-        from kiln.llm.models import gguf_loader as g
+        self.file = GGUFFile(path)
+        self.arch = self.file.arch
+        check_none_missing(self.arch, self.file.names, str(path))
 
-        self.g, self.path = g, path
-        reader = g.open_gguf(path)
-        try:
-            self.arch = g._read_arch(reader, path)
-            self.tensors = {g._hf_name(t.name, path): t for t in reader.tensors}
-        except g._CORRUPT_ERRORS as e:
-            raise ModelLoadError(f"corrupt GGUF file {path}: {e or type(e).__name__}") from e
-        self.shapes = expected_weight_shapes(self.arch)
-        missing = sorted(self.shapes.keys() - self.tensors.keys())
-        if missing:
-            raise ModelLoadError(f"{path}: missing weights {missing[:5]}")
-
-    def read(self, name, dim=None, start=0, end=None):
-        array = self.g._dequantize(self.tensors[name], self.path)
-        if array.shape != self.shapes[name]:
-            raise ModelLoadError(f"tensor {name} in {self.path} has shape {array.shape}, expected {self.shapes[name]}")
-        tensor = torch.from_numpy(self.g._unpermute_if_qk(name, array, self.arch))
-        if dim is not None:
-            tensor = tensor.narrow(dim, start, (end if end is not None else tensor.shape[dim]) - start)
-        return tensor.contiguous().clone()
+    def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor:
+        return _narrow(self.file.read(name), dim, start, end).contiguous().clone()
 
 
 def open_weights(model_path: str) -> tuple[LlamaArch, WeightReader, str]:
     """(arch, lazy reader, tokenizer path) of a HF directory (safetensors) or a GGUF file."""
-    from kiln.llm.models.checkpoint import _single_gguf_in
-    from kiln.llm.models.hf_loader import load_hf_arch
-
-    path = Path(model_path)
-    if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
-    if path.is_dir() and (path / "config.json").is_file():
-        arch = load_hf_arch(path)
-        return arch, SafetensorsReader(path, arch), str(path)
-    gguf = path if path.is_file() else _single_gguf_in(path)
-    if gguf.suffix != ".gguf":
-        raise ModelLoadError(f"unsupported model file {gguf}: expected a .gguf file or a model directory")
-    reader = GGUFWeightReader(gguf)
-    return reader.arch, reader, str(gguf)
+    files = locate_model(model_path)
+    if files.format == "hf":
+        arch = load_hf_arch(files.path)
+        return arch, SafetensorsReader(files.path, arch), str(files.path)
+    reader = GGUFWeightReader(files.path)
+    return reader.arch, reader, str(files.path)

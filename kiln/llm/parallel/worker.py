@@ -19,24 +19,18 @@ import sys
 
 import torch
 
-from kiln.llm.parallel.plan import (
-    Heartbeat,
-    ReportWeights,
-    StepPlan,
-    Stop,
-    WorkerInit,
-    gather_weight_bytes,
-    receive_plan,
-)
+from kiln.llm.models.default_model import resolve_model_path
+from kiln.llm.parallel.model import gather_weight_bytes
+from kiln.llm.parallel.plan import Heartbeat, ReportWeights, StepPlan, Stop, WorkerInit, receive_plan
+from kiln.llm.parallel.shard_builder import build_stage
 from kiln.llm.parallel.state import join_world, make_tp_groups, shutdown_distributed
+from kiln.llm.parallel.weights import open_weights
+from kiln.llm.parent_watch import watch_parent
 
 log = logging.getLogger(__name__)
 
 
 def run_worker(rank: int, world_size: int, init_method: str, device: str, timeout_s: float) -> int:
-    from kiln.llm.parallel.shard_builder import build_stage
-    from kiln.llm.parallel.weights import open_weights
-
     state = join_world(rank, world_size, init_method, device, timeout_s)
     try:
         init = receive_plan()
@@ -47,7 +41,7 @@ def run_worker(rank: int, world_size: int, init_method: str, device: str, timeou
         failed = torch.zeros(1)
         stage = None
         try:
-            arch, reader, _ = open_weights(config.model.model)
+            arch, reader, _ = open_weights(resolve_model_path(config))  # the driver's resolved path
             stage = build_stage(config, arch, reader, state, init.num_blocks, init.max_model_len)
             del reader
         except Exception:
@@ -82,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s worker {os.environ.get('RANK')} %(levelname)s %(message)s"
     )
     if args.parent_pid is not None:
-        from kiln.llm.engine.core_proc import watch_parent
-
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver coordinates shutdown
         watch_parent(args.parent_pid)
     try:

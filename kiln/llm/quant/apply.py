@@ -1,17 +1,12 @@
-"""Swap a loaded model's `Linear` layers (and its LM head) for quantized ones.
+"""Quantized replacements for a loaded model's float projections.
 
-Runs after the weights are loaded and moved to their device, before the
-model is cast to its compute dtype: codes and scales come from the float32
-weights, and the later cast only touches the float scale buffers. A
-tensor-parallel shard is just a smaller `Linear`, so this composes with
-sharding done before load.
-
-The LM head is quantized too (for a 135M model it is a fifth of the weights
-read per decoded token): `model.logits_head` gets a quantized copy, the
-float embedding table stays for the token lookup. An untied float head is
-released. The head is int8 in both modes by default: on SmolLM2 an int4
-head alone raised perplexity by ~5% (its tied embedding ships as Q8_0),
-while int4 for every other Linear cost ~0.1% (they ship as Q4_1).
+`quantize_linears` swaps every `Linear` of a module tree for a quantized one;
+`quantize_weight` makes one quantized module from a weight (the LM head's
+copy: see LlamaModel.finish). Both run after the weights are loaded and
+moved to their device, before the cast to the compute dtype: codes and
+scales come from the float32 weights, and the later cast only touches the
+float scale buffers. A tensor-parallel shard is just a smaller `Linear`, so
+this composes with sharding done before load.
 """
 from __future__ import annotations
 
@@ -28,7 +23,10 @@ from kiln.llm.quant.int8 import Int8Linear
 log = logging.getLogger(__name__)
 
 QUANTIZATION_METHODS = (None, "int8", "int4")
-INT4_GROUP_SIZES = (32, 64, 128, 256)
+# The LM head is int8 in both modes: it is a large share of the weights a
+# decode step reads, and an int4 head costs far more quality than int4 for
+# the other projections (see docs/benchmarks.md (Weight-only quantization)).
+HEAD_METHOD = "int8"
 
 
 def quantize_weight(weight: torch.Tensor, method: str, group_size: int) -> nn.Module | None:
@@ -43,14 +41,10 @@ def quantize_weight(weight: torch.Tensor, method: str, group_size: int) -> nn.Mo
     return Int4Linear.from_float(weight, group_size)
 
 
-def quantize_model(
-    model: nn.Module, method: str | None, group_size: int = 32, head_method: str | None = "int8"
-) -> nn.Module:
-    """In place; returns `model`. `method` None leaves it unchanged;
-    `head_method` None keeps the float LM head."""
-    if method is None:
-        return model
-    if method not in QUANTIZATION_METHODS:
+def quantize_linears(model: nn.Module, method: str, group_size: int) -> None:
+    """Swap every `Linear` in `model` for a `method`-quantized module, in place;
+    a Linear whose shape the kernel does not take stays float."""
+    if method not in QUANTIZATION_METHODS or method is None:
         raise ValueError(f"unknown quantization method {method!r}")
     kept = 0
     for parent in list(model.modules()):
@@ -61,12 +55,5 @@ def quantize_model(
                     kept += 1
                 else:
                     setattr(parent, name, quantized)
-    if head_method is not None and hasattr(model, "lm_head"):
-        head = quantize_weight(model.lm_head.detach(), head_method, group_size)
-        if head is not None:
-            model.logits_head = head
-            if model.lm_head is not getattr(model, "embed_tokens", None):
-                model.lm_head = nn.Parameter(torch.empty(0, device=model.lm_head.device), requires_grad=False)
     if kept:
         log.warning("%s: %d Linear layers have shapes the kernel does not take and stay float", method, kept)
-    return model

@@ -1,11 +1,12 @@
-"""What the quantized Linear layers share: the dtype their kernels run in.
+"""What the quantized Linear layers share: the dtype torch's weight-only
+kernels run in, and keeping their scale buffers in it.
 
-torch's CPU int8/int4 weight-only kernels are vectorized for bfloat16
-activations; with float32 activations they take a slow path (measured on
-an AVX2 box, batch 1: ~1-8 ms per SmolLM2 projection in float32 against
-0.1-0.3 ms in bfloat16). So on CPU they always compute in bfloat16, and
-a float32 model converts activations at the layer's edge. The CUDA int4
-kernel takes bfloat16 only; CUDA int8 takes the model's dtype.
+Kiln's own CPU kernels (int8.py, int4_cpu.py) take float32 activations.
+Where they do not apply, torch's kernels run: on CPU they are vectorized for
+bfloat16 activations and slow with float32 ones (see docs/benchmarks.md
+(Weight-only quantization)), so they compute in bfloat16 and a float32 model
+converts activations at the layer's edge. The CUDA int4 kernel takes
+bfloat16 only; CUDA int8 takes the model's dtype.
 
 The scale buffers are stored in the kernel's dtype, and `model.to(dtype)`
 must not recast them (that would cost a conversion per call), hence the

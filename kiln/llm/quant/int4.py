@@ -7,7 +7,7 @@ row gets its own scale and zero (torchao / gpt-fast convention):
     w ~= (q - 8) * scale + zero,  zero = min + 8 * scale   (i.e. q*scale + min)
 
 so the error of each weight is at most scale / 2. On CPU with Kiln's kernel
-library built, quantize_model uses int4_cpu.py's format and kernel instead
+library built, quantize_weight uses int4_cpu.py's format and kernel instead
 (fp32 activations; bench/linear_quant.py compares the two); this module is
 the path everywhere else. Packing and matmul are torch's tinygemm-style
 kernels: `_convert_weight_to_int4pack_for_cpu` +
@@ -64,6 +64,8 @@ def pack_int4(q: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 class Int4Linear(QuantizedLinear):
     _kernel_buffers = ("scales_and_zeros",)
+    weight_int4: torch.Tensor  # the device kernel's packed layout
+    scales_and_zeros: torch.Tensor  # [K/G, N, 2], the kernel's dtype
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int, group_size: int):
         super().__init__()

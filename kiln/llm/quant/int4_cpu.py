@@ -72,6 +72,8 @@ def unpack_codes(codes: torch.Tensor) -> torch.Tensor:
 
 class Int4CpuLinear(QuantizedLinear):
     _kernel_buffers = ("scale_min",)
+    codes: torch.Tensor  # uint8 [N, K/2]
+    scale_min: torch.Tensor  # float16 [N, K/G, 2]
 
     def __init__(self, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int):
         super().__init__()

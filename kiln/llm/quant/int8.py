@@ -34,6 +34,9 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 class Int8Linear(QuantizedLinear):
     _kernel_buffers = ("scales", "scales_f32")
+    weight_int8: torch.Tensor  # [N, K] int8
+    scales: torch.Tensor  # [N], the torch kernel's dtype
+    scales_f32: torch.Tensor  # [N] float32, for Kiln's kernel
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, scales_f32: torch.Tensor | None = None):
         super().__init__()

@@ -1,53 +1,66 @@
 """Flattens a step's scheduled chunks into model inputs (no padding)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
 from kiln.llm.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSeq
+from kiln.llm.kernels.tuning import DECODE_GROUP_SIZE, MAX_DECODE_LIKE_TOKENS
 from kiln.llm.kv_cache.manager import cdiv
-from kiln.llm.scheduler.output import ScheduledChunk
+
+
+class FedChunk(Protocol):
+    """What build_inputs reads of a chunk: a ScheduledChunk (one process), or
+    the PlanChunk a parallel driver sends every rank (no Request inside)."""
+
+    @property
+    def start(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def block_ids(self) -> list[int]: ...
+    @property
+    def draft_token_ids(self) -> list[int]: ...
+    @property
+    def sample(self) -> bool: ...
+    def token_ids(self) -> list[int]: ...
+
+
+Chunk = TypeVar("Chunk", bound=FedChunk)
 
 
 @dataclass
-class ModelInputs:
+class ModelInputs(Generic[Chunk]):
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     meta: AttentionMetadata
     sample_rows: torch.Tensor  # rows of the hidden states to compute logits for
-    sample_chunks: list[ScheduledChunk]  # same order as sample_rows
+    sample_chunks: list[Chunk]  # same order as sample_rows
     # Speculative chunks own 1 + drafts consecutive sample rows (their last
     # positions); False means one row per sample chunk.
     has_spec: bool = False
 
 
-# Chunks of at most this many new tokens on top of cached context (decodes,
-# speculative verification, short prefill tails) are attended row by row:
-# every row is one query with its own context length, so they batch with
-# the decodes instead of costing one attention call per sequence.
-MAX_DECODE_LIKE_TOKENS = 17
-
-
-def is_decode_like(c: ScheduledChunk) -> bool:
+def is_decode_like(c: FedChunk) -> bool:
+    """A chunk of few new tokens on cached context (a decode, a speculative
+    verification, a short prefill tail) is attended row by row: every row is
+    one query with its own context length, so it batches with the decodes
+    instead of costing one attention call per sequence."""
     return c.start > 0 and c.num_tokens <= MAX_DECODE_LIKE_TOKENS
 
 
-# Decode rows are attended in groups of similar context length, each padded
-# only to its own longest context (the torch path pads; Kiln's CPU kernel
-# reads exactly each row's context): one padded batch over 1..600-token
-# contexts would gather and score about twice the keys it needs.
-DECODE_GROUP_SIZE = 16
 
-
-def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> ModelInputs:
+def build_inputs(chunks: Sequence[Chunk], block_size: int, device: torch.device) -> ModelInputs[Chunk]:
     decodes = sorted((c for c in chunks if is_decode_like(c)), key=lambda c: c.start)
     prefills = [c for c in chunks if not is_decode_like(c)]
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
     sample_rows: list[int] = []
-    sample_chunks: list[ScheduledChunk] = []
+    sample_chunks: list[Chunk] = []
     has_spec = False
     for c in decodes + prefills:
         end = c.start + c.num_tokens
@@ -62,15 +75,19 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
                 sample_rows.append(len(ids) - 1)
             sample_chunks.append(c)
 
-    def tensor(values):
+    def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
     # (block ids, context length) per decode row, in row order.
     rows = [(c.block_ids, c.start + i + 1) for c in decodes for i in range(c.num_tokens)]
     meta = AttentionMetadata(slot_mapping=tensor(slots), block_size=block_size, num_decodes=len(rows))
+    # Decode rows (sorted by context) are attended in groups, each padded only
+    # to its own longest context (the torch path pads; Kiln's CPU kernel reads
+    # exactly each row's context): one padded batch over 1..600-token contexts
+    # would gather and score about twice the keys it needs.
     for first in range(0, len(rows), DECODE_GROUP_SIZE):
         group = rows[first : first + DECODE_GROUP_SIZE]
-        meta.decode_groups.append(_decode_group(first, group, block_size, tensor))
+        meta.decode_groups.append(decode_group(first, group, block_size, tensor))
     row = len(rows)
     for c in prefills:
         ctx_len = c.start + c.num_tokens
@@ -80,7 +97,9 @@ def build_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.de
     return ModelInputs(tensor(ids), tensor(positions), meta, tensor(sample_rows), sample_chunks, has_spec)
 
 
-def _decode_group(first_row: int, rows: list[tuple[list[int], int]], block_size: int, tensor) -> DecodeGroup:
+def decode_group(
+    first_row: int, rows: list[tuple[list[int], int]], block_size: int, tensor: Callable[..., torch.Tensor]
+) -> DecodeGroup:
     lens = [n for _, n in rows]
     width = cdiv(max(lens), block_size)
     tables = [block_ids[: cdiv(n, block_size)] for block_ids, n in rows]

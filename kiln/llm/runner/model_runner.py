@@ -1,6 +1,8 @@
 """Owns the model, the KV pool tensors and the sampler; runs one step."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kiln.config import EngineConfig
@@ -8,17 +10,21 @@ from kiln.llm.models.llama import LlamaModel
 from kiln.llm.request import Request
 from kiln.llm.runner.inputs import build_inputs
 from kiln.llm.sampling.sampler import Sampler
-from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
+from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
 from kiln.llm.spec_decode.proposer import Proposer
 from kiln.llm.spec_decode.verify import verify
 
+if TYPE_CHECKING:
+    from kiln.llm.runner.cuda_graphs import CudaGraphRunner
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_DTYPES = {**DTYPES, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def kv_dtype(config: EngineConfig) -> torch.dtype:
     """The KV pool's dtype: the model's unless `cache.kv_cache_dtype` names one."""
     name = config.cache.kv_cache_dtype
-    return DTYPES[config.model.dtype if name == "auto" else name]
+    return KV_DTYPES[config.model.dtype if name == "auto" else name]
 
 
 def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
@@ -27,6 +33,8 @@ def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -
 
 
 class ModelRunner:
+    """The Runner of a model in this process."""
+
     def __init__(
         self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device, seed: int = 0,
         kv_cache_dtype: torch.dtype | None = None,
@@ -44,6 +52,11 @@ class ModelRunner:
         ]
         self.sampler = Sampler(device, seed)
         self.proposer: Proposer | None = None  # set when speculative decoding is on
+        self.cuda_graphs: CudaGraphRunner | None = None  # decode graphs, set by the builder on CUDA
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return []
 
     def check_health(self) -> None:
         """Nothing outside this process to lose (see ParallelRunner)."""
@@ -54,20 +67,24 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         inputs = build_inputs(sched.chunks, self.block_size, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        if not inputs.sample_chunks:
-            return RunnerOutput()
-        logits = self.model.compute_logits(hidden[inputs.sample_rows])
+        logits = self.cuda_graphs.logits(inputs) if self.cuda_graphs is not None else None
+        if logits is None:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+            if not inputs.sample_chunks:
+                return RunnerOutput()
+            logits = self.model.compute_logits(hidden[inputs.sample_rows])
         if inputs.has_spec:
             return self._sample_spec(logits, inputs.sample_chunks)
         requests = [c.request for c in inputs.sample_chunks]
         tokens = self.sampler(logits, requests)
         return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens, strict=False)})
 
-    def _sample_spec(self, logits: torch.Tensor, chunks) -> RunnerOutput:
+    def _sample_spec(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> RunnerOutput:
         """Plain rows go through the sampler as usual; speculative chunks'
         1 + k rows each are verified against their drafts."""
-        plain_rows, spec_rows, row = [], [], 0
+        plain_rows: list[int] = []
+        spec_rows: list[int] = []
+        row = 0
         for c in chunks:
             (spec_rows if c.draft_token_ids else plain_rows).extend(range(row, row + c.num_logit_rows))
             row += c.num_logit_rows

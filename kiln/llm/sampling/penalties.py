@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import torch
 
+from kiln.llm.sampling.transfer import to_device
+
 
 def token_counts(histories: list[list[int]], vocab: int, device) -> torch.Tensor:
-    """[N, V] counts of each token id in each history."""
+    """[N, V] counts of each token id in each history (one copy to the device
+    and one scatter for the whole batch)."""
+    device = torch.device(device)
     counts = torch.zeros(len(histories), vocab, device=device)
-    for row, ids in enumerate(histories):
-        if ids:
-            idx = torch.tensor(ids, device=device)
-            counts[row].index_add_(0, idx, torch.ones(len(ids), device=device))
+    flat = [(row, t) for row, ids in enumerate(histories) for t in ids]
+    if flat:
+        pairs = to_device(flat, torch.long, device)
+        counts.index_put_((pairs[:, 0], pairs[:, 1]), torch.ones(len(flat), device=device), accumulate=True)
     return counts
 
 

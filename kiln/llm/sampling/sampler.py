@@ -6,14 +6,22 @@ temperature 1) -> greedy argmax, or temperature -> top-k/top-p/min-p ->
 draw. Draws use the exponential-race trick (argmax p / E, E ~ Exp(1)) so a
 seeded request consumes exactly one vocab-sized draw from its own generator
 per token, whatever else is in the batch.
+
+Every step is batched: per-request values (biases, banned tokens, histories,
+parameters) are gathered on the host and copied once per kind through pinned
+memory (sampling/transfer.py), so on CUDA the only host syncs are the final
+copies of the chosen tokens (and logprobs) back: none per request. A seeded
+request still draws from its own torch.Generator (one launch each, no sync).
 """
 from __future__ import annotations
 
 import torch
 
 from kiln.llm.request import Request
+from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.penalties import apply_penalties, apply_top_k_top_p_min_p
-from kiln.llm.scheduler.output import SampledToken
+from kiln.llm.sampling.transfer import to_device
+from kiln.llm.sampling_params import SamplingParams
 
 
 class Sampler:
@@ -28,67 +36,70 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         params = [r.sampling_params for r in requests]
-        if all(p.greedy and not _needs_processing(p, r) for p, r in zip(params, requests, strict=False)):
+        if all(p.greedy and not needs_processing(p, r) for p, r in zip(params, requests, strict=False)):
             return [SampledToken(int(t)) for t in logits.argmax(dim=-1).tolist()]
-        logits = self._process(logits.float(), requests)
+        logits = self.process(logits, requests)
         logprobs = logits.log_softmax(dim=-1) if any(p.logprobs is not None for p in params) else None
         tokens = self._choose(logits, requests)
-        return [self._result(i, t, logprobs, params[i].logprobs) for i, t in enumerate(tokens)]
+        return self._results(tokens, logprobs, params)
 
     # ---- logit processing -------------------------------------------------
-    def _process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        for row, req in enumerate(requests):
-            p = req.sampling_params
-            if p.logit_bias:
-                ids = torch.tensor([t for t in p.logit_bias if 0 <= t < logits.shape[1]], dtype=torch.long)
-                vals = torch.tensor([p.logit_bias[t] for t in ids.tolist()], dtype=logits.dtype)
-                logits[row].index_add_(0, ids.to(logits.device), vals.to(logits.device))
-            if req.num_output_tokens < p.min_tokens:
-                banned = [t for t in (*req.eos_token_ids, *p.stop_token_ids) if t < logits.shape[1]]
-                if p.ignore_eos:
-                    banned = [t for t in p.stop_token_ids if t < logits.shape[1]]
-                logits[row, banned] = float("-inf")
+    def process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Logit bias, min_tokens masking and penalties (on a float32 copy
+        when `logits` is not float32; callers that need the input kept pass
+        a clone)."""
+        logits = logits.float()
+        vocab = logits.shape[1]
+        bias = [(row, t, b) for row, r in enumerate(requests)
+                for t, b in r.sampling_params.logit_bias.items() if 0 <= t < vocab]
+        if bias:
+            at = to_device([(row, t) for row, t, _ in bias], torch.long, self.device)
+            logits.index_put_((at[:, 0], at[:, 1]), to_device([b for *_, b in bias], logits.dtype, self.device),
+                              accumulate=True)
+        banned = [(row, t) for row, r in enumerate(requests) for t in _banned_for_now(r, vocab)]
+        if banned:
+            at = to_device(banned, torch.long, self.device)
+            logits.index_put_((at[:, 0], at[:, 1]), torch.full((), float("-inf"), device=self.device))
         if any(r.sampling_params.needs_penalties for r in requests):
+            rep, presence, frequency = self._columns(
+                requests, ("repetition_penalty", "presence_penalty", "frequency_penalty")
+            )
             logits = apply_penalties(
-                logits,
-                [r.prompt_token_ids for r in requests],
-                [r.output_token_ids for r in requests],
-                self._column(requests, "repetition_penalty"),
-                self._column(requests, "presence_penalty"),
-                self._column(requests, "frequency_penalty"),
+                logits, [r.prompt_token_ids for r in requests], [r.output_token_ids for r in requests],
+                rep, presence, frequency,
             )
         return logits
 
-    def _column(self, requests: list[Request], name: str) -> torch.Tensor:
-        return torch.tensor([getattr(r.sampling_params, name) for r in requests], device=self.device)
+    def _columns(self, requests: list[Request], names: tuple[str, ...]) -> torch.Tensor:
+        """[len(names), N] float32 parameter columns, in one copy."""
+        values = [[float(getattr(r.sampling_params, n)) for r in requests] for n in names]
+        return to_device(values, torch.float32, self.device)
 
     # ---- choosing ------------------------------------------------------------
-    def _choose(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+    def _choose(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
-        if random_rows:
-            rows = torch.tensor(random_rows, device=self.device)
-            sub = [requests[i] for i in random_rows]
-            probs = self.warp(logits[rows], sub)
-            race = self._exponentials(probs, sub)
-            tokens[rows] = (probs / race).argmax(dim=-1)
-        return tokens.tolist()
+        if not random_rows:
+            return tokens
+        sub = [requests[i] for i in random_rows]
+        if len(random_rows) == len(requests):
+            probs = self.warp(logits, sub)
+            return (probs / self._exponentials(probs, sub)).argmax(dim=-1)
+        rows = to_device(random_rows, torch.long, self.device)
+        probs = self.warp(logits[rows], sub)
+        tokens[rows] = (probs / self._exponentials(probs, sub)).argmax(dim=-1)
+        return tokens
 
     def warp(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """Processed logits of non-greedy rows -> the distribution they are
-        drawn from (temperature, then top-k/top-p/min-p)."""
-        scaled = logits / self._column(requests, "temperature").unsqueeze(1)
-        scaled = apply_top_k_top_p_min_p(
-            scaled,
-            self._column(requests, "top_k").long(),
-            self._column(requests, "top_p"),
-            self._column(requests, "min_p"),
-        )
+        drawn from (temperature, then top-k/top-p/min-p; the vocabulary sort
+        is skipped when no row asks for any of the three)."""
+        temperature, top_k, top_p, min_p = self._columns(requests, ("temperature", "top_k", "top_p", "min_p"))
+        scaled = logits / temperature.unsqueeze(1)
+        params = [r.sampling_params for r in requests]
+        if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+            scaled = apply_top_k_top_p_min_p(scaled, top_k.long(), top_p, min_p)
         return scaled.softmax(dim=-1)
-
-    def process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Logit bias, min_tokens masking and penalties (float32 copy)."""
-        return self._process(logits.float(), requests)
 
     def generator_for(self, request: Request) -> torch.Generator:
         """The request's own seeded generator, or the shared one."""
@@ -106,31 +117,40 @@ class Sampler:
         race = torch.empty_like(probs)
         race.exponential_(generator=self.generator)
         for row, req in enumerate(requests):
-            seed = req.sampling_params.seed
-            if seed is None:
-                continue
-            gen = self._request_generators.get(req.request_id)
-            if gen is None:
-                gen = torch.Generator(device=self.device)
-                gen.manual_seed(seed)
-                self._request_generators[req.request_id] = gen
-            race[row].exponential_(generator=gen)
+            if req.sampling_params.seed is not None:
+                race[row].exponential_(generator=self.generator_for(req))
         return race
 
     @staticmethod
-    def _result(row: int, token: int, logprobs: torch.Tensor | None, n_top: int | None) -> SampledToken:
-        if logprobs is None or n_top is None:
-            return SampledToken(token)
-        lp = logprobs[row]
-        top = []
-        if n_top > 0:
-            values, ids = lp.topk(n_top)
-            top = list(zip(ids.tolist(), values.tolist(), strict=False))
-        return SampledToken(token, float(lp[token]), top)
+    def _results(tokens: torch.Tensor, logprobs: torch.Tensor | None, params) -> list[SampledToken]:
+        """Tokens (and logprobs) to the host in one copy."""
+        if logprobs is None:
+            return [SampledToken(int(t)) for t in tokens.tolist()]
+        n_top = max((p.logprobs for p in params if p.logprobs is not None), default=0)
+        parts = [tokens.unsqueeze(1).double(), logprobs.gather(1, tokens.unsqueeze(1)).double()]
+        if n_top:
+            values, ids = logprobs.topk(n_top, dim=-1)
+            parts += [ids.double(), values.double()]
+        host = torch.cat(parts, dim=1).tolist()
+        out = []
+        for row, p in zip(host, params, strict=True):
+            token = int(row[0])
+            if p.logprobs is None:
+                out.append(SampledToken(token))
+                continue
+            ids, values = row[2 : 2 + p.logprobs], row[2 + n_top : 2 + n_top + p.logprobs]
+            out.append(SampledToken(token, row[1], [(int(i), v) for i, v in zip(ids, values, strict=True)]))
+        return out
 
 
-def _needs_processing(p, req: Request) -> bool:
+def _banned_for_now(req: Request, vocab: int) -> list[int]:
+    """Tokens masked while the request is below its min_tokens."""
+    p = req.sampling_params
+    if req.num_output_tokens >= p.min_tokens:
+        return []
+    ids = p.stop_token_ids if p.ignore_eos else (*req.eos_token_ids, *p.stop_token_ids)
+    return [t for t in ids if t < vocab]
+
+
+def needs_processing(p: SamplingParams, req: Request) -> bool:
     return bool(p.logit_bias) or p.needs_penalties or p.logprobs is not None or req.num_output_tokens < p.min_tokens
-
-
-needs_processing = _needs_processing  # public name for the speculative verifier

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.llm.request import Request
+from kiln.llm.sampling.output import SampledToken
 
 
 @dataclass
@@ -36,10 +37,6 @@ class ScheduledChunk:
             return self.request.token_slice(self.start, self.start + self.num_tokens)
         return self.request.token_slice(self.start, self.request.num_tokens) + self.draft_token_ids
 
-    @property
-    def is_decode(self) -> bool:
-        return self.num_tokens == 1 and self.start >= self.request.num_prompt_tokens
-
 
 @dataclass
 class SchedulerOutput:
@@ -52,13 +49,6 @@ class SchedulerOutput:
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
-
-
-@dataclass
-class SampledToken:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
 
 
 @dataclass

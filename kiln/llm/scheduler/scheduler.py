@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from kiln.config import SchedulerConfig
 from kiln.llm.kv_cache.manager import KVCacheManager
 from kiln.llm.request import Request, RequestStatus
-from kiln.llm.scheduler.output import RunnerOutput, SampledToken, ScheduledChunk, SchedulerOutput
+from kiln.llm.sampling.output import SampledToken
+from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
 from kiln.llm.scheduler.stopping import check_stop
 
 

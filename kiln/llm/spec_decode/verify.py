@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from kiln.llm.request import Request
+from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.sampler import Sampler, needs_processing
-from kiln.llm.scheduler.output import SampledToken, ScheduledChunk
+from kiln.llm.scheduler.output import ScheduledChunk
 from kiln.llm.spec_decode.proposer import Proposer
 from kiln.llm.spec_decode.rejection import greedy_accept, rejection_sample
 
@@ -29,7 +30,7 @@ def as_if_output(request: Request, extra: list[int]) -> Request:
 
 def row_requests(chunks: list[ScheduledChunk]) -> list[Request]:
     """One (virtual) request per logit row, in row order."""
-    rows = []
+    rows: list[Request] = []
     for c in chunks:
         rows.extend(as_if_output(c.request, c.draft_token_ids[:i]) for i in range(1 + len(c.draft_token_ids)))
     return rows

@@ -13,12 +13,12 @@ import numpy as np
 
 from kiln.serving.batching.concat import Batch, concat_inputs, split_outputs
 from kiln.serving.model import LoadContext, Model, Result, Timings
-from kiln.serving.repository.config import ModelConfig
+from kiln.serving.repository.config import RepositoryModelConfig
 from kiln.serving.types import InferRequest
 
 
 class TensorModel(Model):
-    config: ModelConfig
+    config: RepositoryModelConfig
 
     def load(self, context: LoadContext) -> None:
         self.config = context.config

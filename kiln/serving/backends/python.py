@@ -60,7 +60,8 @@ class PythonModel(Model):
         config = context.config
         path = artifact_path(context.version_dir, config.artifact or "model.py")
         module = _load_module(path, config.name)
-        cls = _find_class(module, config.parameters.get("class_name"), config.name)
+        class_name = config.parameters.get("class_name")
+        cls = _find_class(module, None if class_name is None else str(class_name), config.name)
         self.module_name = module.__name__
         self.user = cls()
         if callable(getattr(self.user, "load", None)):

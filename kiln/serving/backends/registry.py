@@ -1,5 +1,8 @@
 """Backend name -> model class, imported lazily so that serving an ONNX
-model never imports torch (and the reverse)."""
+model never imports torch (and the reverse).
+
+The `llm` backend is not here: it runs Kiln's LLM engine, which this package
+does not import; the data plane passes it to the ModelManager as a factory."""
 from __future__ import annotations
 
 import importlib
@@ -11,7 +14,6 @@ _BACKENDS = {
     "onnxruntime": "kiln.serving.backends.onnxruntime:OnnxRuntimeModel",
     "torch": "kiln.serving.backends.torch:TorchModel",
     "python": "kiln.serving.backends.python:PythonModel",
-    "llm": "kiln.serving.backends.llm:LLMModel",
 }
 
 # Triton-style platform strings reported in model metadata.
@@ -31,6 +33,8 @@ def backend_names() -> list[str]:
 def create_model(backend: str) -> Model:
     """A fresh, unloaded model object for `backend`."""
     target = _BACKENDS.get(backend)
+    if backend == "llm":
+        raise ConfigError("backend 'llm' runs on the server's LLM engine; serve it with `kiln serve`")
     if target is None:
         raise ConfigError(f"unknown backend {backend!r}; expected one of {backend_names()}")
     module_name, class_name = target.split(":")

@@ -8,6 +8,7 @@ The config must list inputs and outputs (TorchScript has no typed signature).
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +30,7 @@ class TorchModel(TensorModel):
         name = config.artifact or _default_artifact(context)
         path = artifact_path(context.version_dir, name)
         self.device = torch.device("cuda" if config.device == "cuda" else "cpu")
+        self.module: Any = None  # a TorchScript module or an exported GraphModule
         try:
             if path.suffix == ".pt2":
                 check_pt2_archive(path)
@@ -75,7 +77,7 @@ class TorchModel(TensorModel):
 
 def _default_artifact(context: LoadContext) -> str:
     for candidate in ("model.pt", "model.pt2"):
-        if (context.version_dir / candidate).exists():
+        if context.version_dir is not None and (context.version_dir / candidate).exists():
             return candidate
     return "model.pt"
 

@@ -27,7 +27,7 @@ from kiln.errors import KilnError, ModelUnavailableError, OverloadedError, Reque
 from kiln.serving.batching.concat import same_layout, same_shapes
 from kiln.serving.metrics import ServingMetrics
 from kiln.serving.model import Model
-from kiln.serving.repository.config import ModelConfig
+from kiln.serving.repository.config import RepositoryModelConfig
 from kiln.serving.stats import ModelStats
 from kiln.serving.types import InferRequest, InferResponse
 
@@ -43,7 +43,7 @@ class _Item:
 
 
 class DynamicBatcher:
-    def __init__(self, config: ModelConfig, version: str, instances: list[Model], stats: ModelStats,
+    def __init__(self, config: RepositoryModelConfig, version: str, instances: list[Model], stats: ModelStats,
                  metrics: ServingMetrics):
         self.config = config
         self.version = version
@@ -60,7 +60,8 @@ class DynamicBatcher:
         self.max_queue = policy.max_queue_size
         self.default_timeout_s = policy.default_timeout_ms / 1000
         self._queue: deque[_Item] = deque()
-        self._cond: asyncio.Condition | None = None
+        self._cond = asyncio.Condition()  # binds to the running loop on first use (Python >= 3.10)
+        self._started = False
         self._workers: list[asyncio.Task] = []
         self._executors = [ThreadPoolExecutor(1, thread_name_prefix=f"kiln-{config.name}") for _ in instances]
         self._closed = False
@@ -69,6 +70,12 @@ class DynamicBatcher:
 
     def queue_size(self) -> int:
         return len(self._queue)
+
+    def oldest_wait_s(self) -> float:
+        """Seconds the oldest queued request has waited (0 when none); the queue is in arrival order."""
+        if not self._queue:
+            return 0.0
+        return (time.perf_counter_ns() - self._queue[0].enqueued_ns) / 1e9
 
     async def submit(self, request: InferRequest) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs."""
@@ -113,8 +120,8 @@ class DynamicBatcher:
     # ------------------------------------------------------------ workers
 
     def _start(self) -> None:
-        if self._cond is None:
-            self._cond = asyncio.Condition()
+        if not self._started:
+            self._started = True
             self._workers = [
                 asyncio.get_running_loop().create_task(self._worker(m, ex))
                 for m, ex in zip(self.instances, self._executors, strict=False)
@@ -213,7 +220,7 @@ class DynamicBatcher:
             item.taken = True
             if not item.future.done():
                 item.future.set_exception(ModelUnavailableError(f"model '{self.config.name}' was unloaded"))
-        if self._cond is not None:
+        if self._started:
             async with self._cond:
                 self._cond.notify_all()
             await asyncio.gather(*self._workers, return_exceptions=True)

@@ -110,6 +110,8 @@ def _parse_inputs(items: Any, binary: memoryview, limits: Limits) -> dict[str, n
         name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
         if not isinstance(name, str) or not isinstance(datatype, str):
             raise InvalidRequestError("each input needs a string 'name' and 'datatype'")
+        if not isinstance(shape, list):
+            raise InvalidRequestError(f"shape of tensor '{name}' must be a list of integers")
         if name in inputs:
             raise InvalidRequestError(f"input '{name}' appears more than once in the request")
         params = _params(item.get("parameters"), f"input '{name}'")
@@ -152,7 +154,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     wanted = {o.name: o for o in request.outputs} if request.outputs is not None else None
     tensors, chunks = [], []
     for name, array in response.outputs.items():
-        spec = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
+        spec: dict[str, Any] = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
         requested = wanted.get(name) if wanted is not None else None
         binary = requested.binary if requested is not None and requested.binary is not None else default_binary
         if binary:

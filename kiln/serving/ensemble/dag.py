@@ -10,16 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.errors import ConfigError
-from kiln.serving.repository.config import ModelConfig, TensorSpec
+from kiln.serving.repository.config import RepositoryModelConfig, TensorSpec
 
-ConfigLookup = Callable[[str], ModelConfig | None]
+ConfigLookup = Callable[[str], RepositoryModelConfig | None]
 
 
 def _fail(ensemble: str, message: str) -> ConfigError:
     return ConfigError(f"ensemble '{ensemble}': {message}")
 
 
-def _producers(config: ModelConfig, members: dict[str, ModelConfig]) -> dict[str, tuple[int, TensorSpec]]:
+def _producers(
+    config: RepositoryModelConfig, members: dict[str, RepositoryModelConfig]
+) -> dict[str, tuple[int, TensorSpec]]:
     """tensor name -> (step index or -1 for an ensemble input, its spec)."""
     produced: dict[str, tuple[int, TensorSpec]] = {s.name: (-1, s) for s in config.inputs}
     for index, step in enumerate(config.steps):
@@ -40,9 +42,9 @@ def _check_edge(ensemble: str, tensor: str, source: TensorSpec, target: TensorSp
                               f"{where} expects {target.datatype}")
 
 
-def validate_ensemble(config: ModelConfig, lookup: ConfigLookup) -> list[list[int]]:
+def validate_ensemble(config: RepositoryModelConfig, lookup: ConfigLookup) -> list[list[int]]:
     """Check the DAG; return each step's list of prerequisite steps."""
-    members: dict[str, ModelConfig] = {}
+    members: dict[str, RepositoryModelConfig] = {}
     for index, step in enumerate(config.steps):
         member = lookup(step.model)
         if member is None:

@@ -11,14 +11,14 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from kiln.serving.repository.config import EnsembleStep, ModelConfig
+from kiln.serving.repository.config import EnsembleStep, RepositoryModelConfig
 from kiln.serving.types import InferRequest
 
 MemberInfer = Callable[[InferRequest], Awaitable[dict[str, np.ndarray]]]
 
 
 class EnsembleRunner:
-    def __init__(self, config: ModelConfig, depends: list[list[int]], infer: MemberInfer):
+    def __init__(self, config: RepositoryModelConfig, depends: list[list[int]], infer: MemberInfer):
         self.config = config
         self.depends = depends
         self.infer = infer
@@ -58,5 +58,6 @@ async def _gather_or_fail(tasks: list[asyncio.Task]) -> None:
     while pending:
         finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
         for task in finished:
-            if task.exception() is not None:
-                raise task.exception()
+            error = task.exception()
+            if error is not None:
+                raise error

@@ -1,6 +1,6 @@
 """The per-model `config.yaml`: frozen pydantic models, unknown keys rejected.
 
-A config that passes `ModelConfig.model_validate` is internally consistent;
+A config that passes `RepositoryModelConfig.model_validate` is internally consistent;
 checks that need other models (ensemble DAGs) or the artifact itself (ONNX
 inputs) happen at load time.
 """
@@ -147,7 +147,7 @@ class EnsembleStep(_Frozen):
 ParamValue = bool | int | float | str
 
 
-class ModelConfig(_Frozen):
+class RepositoryModelConfig(_Frozen):
     """One model's config.yaml."""
 
     name: str
@@ -180,7 +180,7 @@ class ModelConfig(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> ModelConfig:
+    def _consistent(self) -> RepositoryModelConfig:
         for kind, specs in (("input", self.inputs), ("output", self.outputs)):
             names = [s.name for s in specs]
             if len(set(names)) != len(names):
@@ -194,6 +194,8 @@ class ModelConfig(_Frozen):
                 raise ValueError("an ensemble must declare its inputs and outputs")
         elif self.steps:
             raise ValueError("steps are only valid for backend 'ensemble'")
+        if self.backend == "llm" and (self.instance_count != 1 or self.dynamic_batching is not None):
+            raise ValueError("the llm backend batches inside its engine: use instance_count 1 and no dynamic_batching")
         if self.dynamic_batching is not None and self.max_batch_size < 1:
             raise ValueError("dynamic_batching needs max_batch_size >= 1")
         if self.dynamic_batching is not None:
@@ -213,7 +215,7 @@ class ModelConfig(_Frozen):
         return next((s for s in self.outputs if s.name == name), None)
 
 
-def parse_config(data: Any, *, name: str) -> ModelConfig:
+def parse_config(data: Any, *, name: str) -> RepositoryModelConfig:
     """Validate a config mapping for model `name` (the directory name).
 
     `name` may be omitted in the file; if given it must equal the directory.
@@ -224,7 +226,7 @@ def parse_config(data: Any, *, name: str) -> ModelConfig:
     if data.get("name", name) != name:
         raise ConfigError(f"config name {data.get('name')!r} does not match model directory {name!r}")
     try:
-        return ModelConfig.model_validate({**data, "name": name})
+        return RepositoryModelConfig.model_validate({**data, "name": name})
     except ValidationError as exc:
         raise ConfigError(f"invalid config for model '{name}': {format_validation_error(exc)}") from None
 

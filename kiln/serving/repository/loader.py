@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from kiln.errors import ConfigError, ModelNotFoundError
-from kiln.serving.repository.config import ModelConfig, check_model_name, parse_config
+from kiln.serving.repository.config import RepositoryModelConfig, check_model_name, parse_config
 
 CONFIG_FILE = "config.yaml"
 MAX_CONFIG_BYTES = 1 << 20
@@ -24,9 +24,9 @@ class ModelSource:
     """A model as found on disk: its config and the versions to load."""
 
     name: str
-    config: ModelConfig
-    directory: Path
-    versions: dict[int, Path]  # version -> version dir, chosen by the policy
+    config: RepositoryModelConfig
+    directory: Path | None  # None: a model added in memory (no files)
+    versions: dict[int, Path | None]  # version -> version dir, chosen by the policy
 
 
 def _inside(root: Path, path: Path) -> Path:
@@ -44,7 +44,7 @@ def list_models(repository: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def read_config_file(path: Path, name: str) -> ModelConfig:
+def read_config_file(path: Path, name: str) -> RepositoryModelConfig:
     if not path.is_file():
         raise ConfigError(f"model '{name}' has no {CONFIG_FILE}")
     if path.stat().st_size > MAX_CONFIG_BYTES:
@@ -90,8 +90,10 @@ def read_model(repository: Path, name: str, override: dict[str, Any] | None = No
     return ModelSource(name, config, directory, {v: available[v] for v in chosen})
 
 
-def artifact_path(source_dir: Path, artifact: str) -> Path:
+def artifact_path(source_dir: Path | None, artifact: str) -> Path:
     """The artifact file inside a version dir; it must exist and stay inside."""
+    if source_dir is None:
+        raise ConfigError(f"artifact {artifact!r} needs a model directory; this model has none")
     path = source_dir / artifact
     if not path.exists():
         raise ConfigError(f"artifact {artifact!r} not found in version directory {source_dir.name!r}")

@@ -1,11 +1,19 @@
-"""ModelManager: loads, reloads and unloads the repository's models.
+"""ModelManager: loads, reloads and unloads the served models.
+
+Models come from the repository directory or are added in memory
+(`add_model`: a model given on the command line, with a config and one
+version but no files). Backends are created by name through the registry,
+or by the factories passed in (the data plane passes the `llm` backend, so
+this package never imports the LLM engine).
 
 Invariants:
 - control operations on one model are serialised by that model's lock;
 - a (re)load builds every new version completely before swapping it in, so a
   failed reload leaves the old versions serving;
 - an unloaded version stops taking requests at once and finishes the ones it
-  has before its instances are unloaded.
+  has before its instances are unloaded;
+- one model's load failure, of any kind, marks that model unavailable and
+  never stops the others.
 """
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,16 +33,21 @@ from kiln.errors import (
     InvalidRequestError,
     KilnError,
     ModelLoadError,
+    ModelLoadingError,
     ModelNotFoundError,
     ModelUnavailableError,
 )
+from kiln.serving.backends.registry import create_model
 from kiln.serving.ensemble.dag import validate_ensemble
 from kiln.serving.ensemble.runner import EnsembleRunner
 from kiln.serving.metrics import ServingMetrics
-from kiln.serving.repository.config import ModelConfig, check_model_name
+from kiln.serving.model import AsyncModel, Model
+from kiln.serving.repository.config import RepositoryModelConfig, check_model_name, parse_config
 from kiln.serving.repository.loader import ModelSource, list_models, read_model
-from kiln.serving.repository.version import LoadedVersion, load_instances
+from kiln.serving.repository.version import LoadedVersion, load_async_model, load_instances
 from kiln.serving.types import InferRequest
+
+BackendFactory = Callable[[], Model | AsyncModel]
 
 log = logging.getLogger("kiln.serving")
 
@@ -50,11 +64,38 @@ class ModelEntry:
 
 
 class ModelManager:
-    def __init__(self, repository: str | Path, metrics: ServingMetrics | None = None):
-        self.repository = Path(repository)
+    def __init__(
+        self,
+        repository: str | Path | None,
+        metrics: ServingMetrics | None = None,
+        backends: Mapping[str, BackendFactory] | None = None,
+    ):
+        self.repository = Path(repository) if repository is not None else None
         self.metrics = metrics or ServingMetrics()
+        self.backends = dict(backends or {})
         self._entries: dict[str, ModelEntry] = {}
-        self._closing: set[asyncio.Task] = set()
+        self._in_memory: dict[str, RepositoryModelConfig] = {}
+
+    def add_model(self, config: dict[str, Any], name: str) -> None:
+        """Serve a model that has no directory: version 1, this config (not loaded yet)."""
+        parsed = parse_config(config, name=name)
+        if name in self._in_memory or name in self._disk_names():
+            raise ConfigError(f"model name {name!r} is served twice", param="name")
+        self._in_memory[name] = parsed
+        self.entry(name).state = LOADING  # `load_all` loads it
+
+    def _disk_names(self) -> list[str]:
+        return list_models(self.repository) if self.repository is not None else []
+
+    def _read(self, name: str, override: dict[str, Any] | None = None) -> ModelSource:
+        config = self._in_memory.get(name)
+        if config is None:
+            if self.repository is None:
+                raise ModelNotFoundError(f"model '{name}' is not served and there is no model repository")
+            return read_model(self.repository, name, override)
+        if override is not None:
+            config = parse_config(override, name=name)
+        return ModelSource(name, config, None, {1: None})
 
     # ------------------------------------------------------------ queries
 
@@ -69,6 +110,8 @@ class ModelManager:
             raise ModelNotFoundError(f"Request for unknown model: '{name}' is not found")
         if version and not version.isdigit():
             raise InvalidRequestError(f"model version must be a positive integer, got '{version}'")
+        if entry.state == LOADING and not entry.versions:
+            raise ModelLoadingError(f"model '{name}' is still loading")
         if entry.state != READY or not entry.versions:
             detail = f" ({entry.reason})" if entry.reason else ""
             raise ModelUnavailableError(f"model '{name}' is not ready: {entry.state}{detail}")
@@ -79,19 +122,43 @@ class ModelManager:
             raise ModelNotFoundError(f"Request for unknown model: '{name}' version {version} is not found")
         return loaded
 
-    def config_of(self, name: str, version: int | None = None) -> ModelConfig | None:
+    def config_of(self, name: str, version: int | None = None) -> RepositoryModelConfig | None:
         entry = self._entries.get(name)
         if entry is None or entry.state != READY or not entry.versions:
             return None
         loaded = entry.versions.get(version) if version else entry.versions[max(entry.versions)]
         return loaded.config if loaded else None
 
-    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        names = set(self._entries)
+    def names(self) -> list[str]:
+        """Every model known: in memory, on disk, or loaded before."""
+        names = set(self._entries) | set(self._in_memory)
         with contextlib.suppress(ConfigError):
-            names.update(list_models(self.repository))
+            names.update(self._disk_names())
+        return sorted(names)
+
+    def source_config(self, name: str) -> RepositoryModelConfig | None:
+        """The config a model is (or would be) loaded with, without loading it."""
+        loaded = self.config_of(name)
+        if loaded is not None:
+            return loaded
+        try:
+            return self._read(name).config
+        except KilnError:
+            return None
+
+    def served_versions(self, name: str) -> list[int] | None:
+        """The versions of `name` loaded now, else those its config would load; None if unknown or unreadable."""
+        entry = self._entries.get(name)
+        if entry is not None and entry.versions:
+            return sorted(entry.versions)
+        try:
+            return sorted(self._read(name).versions)
+        except KilnError:
+            return None
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = []
-        for name in sorted(names):
+        for name in self.names():
             entry = self._entries.get(name)
             if entry and entry.versions:
                 for version in sorted(entry.versions):
@@ -102,6 +169,10 @@ class ModelManager:
                     row.update(state=entry.state, reason=entry.reason)
                 rows.append(row)
         return [r for r in rows if not ready_only or r.get("state") == READY]
+
+    def loaded_versions(self) -> dict[str, list[LoadedVersion]]:
+        """Every model with loaded versions, lowest version first (reads no files)."""
+        return {name: [e.versions[v] for v in sorted(e.versions)] for name, e in self._entries.items() if e.versions}
 
     def all_ready(self) -> bool:
         return all(e.state == READY for e in self._entries.values() if e.reason != "unloaded")
@@ -121,11 +192,11 @@ class ModelManager:
         """Load every model in the repository; return {name: error} for failures.
         One model failing never stops the others."""
         errors: dict[str, str] = {}
-        names = list_models(self.repository)
+        names = sorted(set(self._in_memory) | set(self._disk_names()))
         ensembles = []
         for name in names:
             try:
-                source = read_model(self.repository, name)
+                source = self._read(name)
             except KilnError as exc:
                 errors[name] = self._fail_entry(name, exc)
                 continue
@@ -157,7 +228,8 @@ class ModelManager:
         if name in _chain:
             raise ModelLoadError(f"ensembles {list(_chain)} include each other")
         check_model_name(name)
-        if name not in self._entries and not (self.repository / name).is_dir():
+        known = name in self._entries or name in self._in_memory
+        if not known and (self.repository is None or not (self.repository / name).is_dir()):
             raise ModelNotFoundError(f"model '{name}' is not in the model repository")
         entry = self.entry(name)
         async with entry.lock:
@@ -165,10 +237,13 @@ class ModelManager:
             if not was_ready:
                 entry.state, entry.reason = LOADING, ""
             try:
-                source = read_model(self.repository, name, override)
+                source = self._read(name, override)
                 new = await self._build(source, _chain + (name,))
-            except KilnError as exc:
-                message = f"failed to load '{name}': {exc.message}"
+            except Exception as exc:  # noqa: BLE001 - any backend's failure stays this model's
+                detail = exc.message if isinstance(exc, KilnError) else f"{type(exc).__name__}: {exc}"
+                message = f"failed to load '{name}': {detail}"
+                if not isinstance(exc, KilnError):
+                    log.exception("loading model %s raised", name)
                 if not was_ready:
                     entry.state, entry.reason = UNAVAILABLE, message
                 raise ModelLoadError(message) from None
@@ -186,23 +261,38 @@ class ModelManager:
             raise
         return built
 
-    async def _build_version(self, config: ModelConfig, version: int, directory: Path, chain) -> LoadedVersion:
+    async def _build_version(
+        self, config: RepositoryModelConfig, version: int, directory: Path | None, chain
+    ) -> LoadedVersion:
         start = time.perf_counter()
         if config.backend == "ensemble":
             runner = await self._build_ensemble(config, chain)
             return LoadedVersion(config, version, self.metrics, runner=runner)
-        instances, resolved = await asyncio.to_thread(load_instances, config, version, directory)
+        factory = self.backends.get(config.backend) or (lambda: create_model(config.backend))
+        probe = factory()
+        if isinstance(probe, AsyncModel):
+            resolved = await load_async_model(probe, config, version, directory)
+            return LoadedVersion(resolved, version, self.metrics, async_model=probe,
+                                 load_seconds=time.perf_counter() - start)
+        made = iter([probe])  # the first instance is the one already created
+
+        def create() -> Model:
+            model = next(made, None) or factory()
+            assert isinstance(model, Model)  # a factory makes one kind of model
+            return model
+
+        instances, resolved = await asyncio.to_thread(load_instances, config, version, directory, create)
         return LoadedVersion(resolved, version, self.metrics, instances=instances,
                              load_seconds=time.perf_counter() - start)
 
-    async def _build_ensemble(self, config: ModelConfig, chain: tuple[str, ...]) -> EnsembleRunner:
+    async def _build_ensemble(self, config: RepositoryModelConfig, chain: tuple[str, ...]) -> EnsembleRunner:
         for step in config.steps:
             if self.config_of(step.model, step.version) is None:
                 await self.load(step.model, _chain=chain)
         depends = validate_ensemble(config, lambda name: self._step_config(config, name))
         return EnsembleRunner(config, depends, self._member_infer)
 
-    def _step_config(self, config: ModelConfig, name: str) -> ModelConfig | None:
+    def _step_config(self, config: RepositoryModelConfig, name: str) -> RepositoryModelConfig | None:
         version = next((s.version for s in config.steps if s.model == name), None)
         return self.config_of(name, version)
 

@@ -1,14 +1,16 @@
-"""One loaded model version: its instances, scheduler, stats and in-flight count.
+"""One loaded model version: its instances (or async model), batcher, stats
+and in-flight count.
 
-Invariant: `inflight` counts requests between `infer` entry and exit; `close`
-refuses new requests first, then waits for `inflight` to reach zero before
-stopping the scheduler and unloading the instances.
+Invariant: `inflight` counts requests between `infer`/`stream` entry and
+exit; `close` refuses new requests first, then waits for `inflight` to reach
+zero before stopping the batcher and unloading the instances.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,24 +23,25 @@ from kiln.errors import (
     OverloadedError,
     RequestTimeoutError,
 )
-from kiln.serving.backends.registry import create_model
 from kiln.serving.batching.batcher import DynamicBatcher
 from kiln.serving.ensemble.runner import EnsembleRunner
 from kiln.serving.metrics import ServingMetrics
-from kiln.serving.model import LoadContext, Model
-from kiln.serving.repository.config import ModelConfig, Warmup
+from kiln.serving.model import AsyncModel, LoadContext, Model
+from kiln.serving.repository.config import RepositoryModelConfig, Warmup
 from kiln.serving.stats import ModelStats
-from kiln.serving.types import InferRequest, as_bytes_array, numpy_dtype
+from kiln.serving.types import InferRequest, InferResponse, as_bytes_array, numpy_dtype
 from kiln.serving.validation import validate_request
 
 
-def load_instances(config: ModelConfig, version: int, version_dir: Path) -> tuple[list[Model], ModelConfig]:
+def load_instances(
+    config: RepositoryModelConfig, version: int, version_dir: Path | None, create: Callable[[], Model]
+) -> tuple[list[Model], RepositoryModelConfig]:
     """Create and load `instance_count` backend objects (blocking; run in a
     thread). Returns them with the config completed from the artifact."""
     instances: list[Model] = []
     try:
         for index in range(config.instance_count):
-            model = create_model(config.backend)
+            model = create()
             model.load(LoadContext(config, version, version_dir, index))
             instances.append(model)
         resolved = _resolve_io(config, instances[0])
@@ -54,7 +57,19 @@ def load_instances(config: ModelConfig, version: int, version_dir: Path) -> tupl
         raise
 
 
-def _resolve_io(config: ModelConfig, model: Model) -> ModelConfig:
+async def load_async_model(
+    model: AsyncModel, config: RepositoryModelConfig, version: int, version_dir: Path | None
+) -> RepositoryModelConfig:
+    """Load an async model on the event loop; returns the config completed from it."""
+    await model.load(LoadContext(config, version, version_dir))
+    try:
+        return _resolve_io(config, model)
+    except BaseException:
+        await model.unload()
+        raise
+
+
+def _resolve_io(config: RepositoryModelConfig, model: Model | AsyncModel) -> RepositoryModelConfig:
     if config.has_io:
         return config
     specs = model.io_specs()
@@ -64,7 +79,7 @@ def _resolve_io(config: ModelConfig, model: Model) -> ModelConfig:
     return config.model_copy(update={"inputs": config.inputs or inputs, "outputs": config.outputs or outputs})
 
 
-def _warm(config: ModelConfig, instances: list[Model], warmup: Warmup) -> None:
+def _warm(config: RepositoryModelConfig, instances: list[Model], warmup: Warmup) -> None:
     rng = np.random.default_rng(0)
     inputs = {}
     for name, spec in warmup.inputs.items():
@@ -85,30 +100,65 @@ def _warm(config: ModelConfig, instances: list[Model], warmup: Warmup) -> None:
                 raise ConfigError(f"warm-up '{warmup.name}' of model '{config.name}' failed: {result}")
 
 
+def _unload_all(models: list[Model]) -> None:
+    for model in models:
+        _quiet_unload(model)
+
+
 def _quiet_unload(model: Model) -> None:
     with contextlib.suppress(Exception):  # best effort while failing a load
         model.unload()
 
 
 class LoadedVersion:
-    def __init__(self, config: ModelConfig, version: int, metrics: ServingMetrics,
+    """Exactly one of `instances` (batched through a DynamicBatcher), `runner`
+    (an ensemble) or `async_model` serves the version."""
+
+    def __init__(self, config: RepositoryModelConfig, version: int, metrics: ServingMetrics,
                  instances: list[Model] | None = None, runner: EnsembleRunner | None = None,
-                 load_seconds: float = 0.0):
+                 async_model: AsyncModel | None = None, load_seconds: float = 0.0):
         self.config = config
         self.version = version
         self.metrics = metrics
         self.instances = instances or []
         self.runner = runner
+        self.async_model = async_model
         self.load_seconds = load_seconds
         self.stats = ModelStats(config.name, str(version))
-        self.batcher = None if runner else DynamicBatcher(config, str(version), self.instances, self.stats, metrics)
+        self.batcher = None
+        if instances:
+            self.batcher = DynamicBatcher(config, str(version), self.instances, self.stats, metrics)
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self.closing = False
         metrics.load_seconds.labels(config.name, str(version)).set(load_seconds)
 
+    def healthy(self) -> bool:
+        return self.async_model is None or self.async_model.healthy()
+
     async def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
+        async with self._tracked(request):
+            outputs = await self._dispatch(request)
+            return self._conform(outputs, request)
+
+    async def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+        """The model's streamed responses for `request` (each conformed to the
+        requested outputs), or its one response when it does not stream."""
+        async with self._tracked(request):
+            responses = self.async_model.stream(request) if self.async_model is not None else None
+            if responses is None:
+                outputs = self._conform(await self._dispatch(request), request)
+                yield InferResponse(request.model_name, str(self.version), outputs, id=request.id)
+                return
+            async with contextlib.aclosing(responses) as it:
+                async for response in it:
+                    response.outputs = self._conform(response.outputs, request)
+                    yield response
+
+    @contextlib.asynccontextmanager
+    async def _tracked(self, request: InferRequest) -> AsyncIterator[None]:
+        """Refuse when closing; validate; count in flight, statistics and metrics."""
         if self.closing:
             raise ModelUnavailableError(f"model '{self.config.name}' version {self.version} is unloading")
         start = time.perf_counter_ns()
@@ -118,8 +168,7 @@ class LoadedVersion:
         self.metrics.pending.labels(*labels).inc()
         try:
             validate_request(request, self.config)
-            outputs = await self._dispatch(request)
-            outputs = self._conform(outputs, request)
+            yield
         except BaseException as exc:
             self._count(start, False, _reason(exc))
             raise
@@ -129,13 +178,18 @@ class LoadedVersion:
             if self.inflight == 0:
                 self._idle.set()
         self._count(start, True, "")
-        return outputs
 
     async def _dispatch(self, request: InferRequest) -> dict[str, np.ndarray]:
         if self.runner is not None:
             outputs = await self.runner.run(request)
             self.stats.record_execution(request.batch_size() or 1, 1, 0, 0, 0)
             return outputs
+        if self.async_model is not None:
+            start = time.perf_counter_ns()
+            outputs = await self.async_model.infer(request)
+            self.stats.record_execution(request.batch_size() or 1, 1, 0, time.perf_counter_ns() - start, 0)
+            return outputs
+        assert self.batcher is not None  # invariant: one of the three serves the version
         return await self.batcher.submit(request)
 
     def _count(self, start: int, ok: bool, reason: str) -> None:
@@ -152,6 +206,8 @@ class LoadedVersion:
             if name not in outputs:
                 raise KilnError(f"model '{self.config.name}' did not produce output '{name}'")
             spec = self.config.output(name)
+            if spec is None:  # validate_request admits only declared outputs
+                raise KilnError(f"model '{self.config.name}' has no output '{name}'")
             array = np.asarray(outputs[name])
             if spec.datatype == "BYTES":
                 array = as_bytes_array(array)
@@ -163,18 +219,23 @@ class LoadedVersion:
     def queue_size(self) -> int:
         return self.batcher.queue_size() if self.batcher else 0
 
+    def oldest_wait_s(self) -> float:
+        return self.batcher.oldest_wait_s() if self.batcher else 0.0
+
     async def close(self) -> None:
         self.closing = True
         await self._idle.wait()
         if self.batcher is not None:
             await self.batcher.stop()
-        await asyncio.to_thread(lambda: [_quiet_unload(m) for m in self.instances])
+        if self.async_model is not None:
+            await self.async_model.unload()
+        await asyncio.to_thread(_unload_all, self.instances)
 
 
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, (OverloadedError, RequestTimeoutError)):
         return "REJECTED"
-    if isinstance(exc, asyncio.CancelledError):
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         return "CANCELED"
     if isinstance(exc, (InvalidRequestError, ModelUnavailableError)):
         return "OTHER"

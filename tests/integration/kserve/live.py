@@ -1,4 +1,4 @@
-"""Start `python -m kiln.serving.server` in a subprocess for a test module."""
+"""Start `kiln serve --model-repository` in a subprocess for a test module."""
 from __future__ import annotations
 
 import contextlib
@@ -49,8 +49,8 @@ def live_server(repo: Path, *args: str, timeout: float = 90.0):
     http_port, grpc_port = free_port(), free_port()
     log_path = Path(repo).parent / f"server-{http_port}.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "kiln.serving.server", "--model-repository", str(repo),
-           "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--log-level", "warning", *args]
+    cmd = [sys.executable, "-m", "kiln.cli.main", "serve", "--model-repository", str(repo),
+           "--port", str(http_port), "--grpc-port", str(grpc_port), "--log-level", "warning", *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     server = LiveServer(proc, http_port, grpc_port, log_path)
@@ -60,8 +60,8 @@ def live_server(repo: Path, *args: str, timeout: float = 90.0):
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
             with contextlib.suppress(httpx.HTTPError):
-                if server.get("/v2/health/live").status_code == 200:
-                    break
+                if "loading" not in server.get("/health").json()["models"].values():
+                    break  # every model loaded or failed: the server's start-up is over
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server did not start in {timeout}s:\n{server.log()}")
             time.sleep(0.2)

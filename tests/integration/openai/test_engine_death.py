@@ -34,6 +34,8 @@ def test_killing_the_engine_fails_requests_and_health(server):
 
     health = httpx.get(server.base_url + "/health", timeout=5)
     assert health.status_code == 503 and health.json()["models"] == {"tiny": "dead"}
+    # Not live either: an orchestrator's liveness probe restarts the process.
+    assert httpx.get(server.base_url + "/v2/health/live", timeout=5).status_code == 503
     r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=5)
     assert r.status_code == 503 and "died" in r.json()["error"]["message"]
     assert server.metric("kiln:request_failure_total", reason="engine_dead") == 2

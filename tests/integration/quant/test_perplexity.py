@@ -6,7 +6,7 @@ import pytest
 
 from kiln.config import EngineConfig
 from kiln.llm.engine.builder import build_model
-from kiln.llm.quant.perplexity import perplexity
+from kiln.llm.eval.perplexity import perplexity
 
 pytestmark = pytest.mark.slow
 WINDOW, WINDOWS, START = 256, 2, 20_000

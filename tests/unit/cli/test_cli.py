@@ -5,15 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from kiln.cli.main import ENGINE_SECTIONS, build_parser, given
-from kiln.config import EngineConfig
-from kiln.frontends.settings import ServerSettings
+from kiln.config import EngineConfig, ServerConfig
 
 
 def test_every_engine_and_server_field_is_a_flag():
     parser, names = build_parser()
     engine_fields = {f.name for c in ENGINE_SECTIONS for f in dataclasses.fields(c)} - {"model"}
     assert set(names["engine"]) == engine_fields
-    assert set(names["server"]) == {f.name for f in dataclasses.fields(ServerSettings)}
+    assert set(names["server"]) == {f.name for f in dataclasses.fields(ServerConfig)}
 
 
 def test_serve_flags_build_config_and_settings():
@@ -41,7 +40,7 @@ def test_serve_flags_build_config_and_settings():
         0.5,
     )
     assert config.scheduler == EngineConfig().scheduler  # untouched sections keep their defaults
-    settings = ServerSettings(**given(args, names["server"]))
+    settings = ServerConfig(**given(args, names["server"]))
     assert (settings.port, settings.max_queued_requests, settings.host) == (9000, 4, "127.0.0.1")
 
 
@@ -51,3 +50,16 @@ def test_generate_and_bench_parse():
     assert (args.prompt, args.chat, args.max_tokens, args.model) == ("Hi", True, 5, None)
     args = parser.parse_args(["bench", "serve", "--model", "m", "--request-rate", "2", "--goodput", "ttft:500"])
     assert (args.model, args.request_rate, args.goodput) == ("m", 2.0, ["ttft:500"])
+
+
+def test_ray_flags_are_derived_and_need_ray(capsys):
+    from kiln.cli.main import main
+    from kiln.deploy.ray_config import RayServeConfig
+
+    parser, names = build_parser()
+    assert set(names["ray"]) == {f.name for f in dataclasses.fields(RayServeConfig)}
+    args = parser.parse_args(["serve", "--ray", "--ray-max-replicas", "6", "--ray-autoscaling-policy", "kiln-hint"])
+    assert args.ray and RayServeConfig(**given(args, names["ray"])).ray_max_replicas == 6
+    # Ray options without --ray are a mistake, said before any model loads.
+    assert main(["serve", "/nonexistent.gguf", "--ray-max-replicas", "6"]) == 2
+    assert "--ray-max-replicas need --ray" in capsys.readouterr().err

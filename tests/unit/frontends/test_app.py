@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from starlette.testclient import TestClient
 
-from kiln.config import EngineConfig
-from kiln.frontends.app import build_app
-from kiln.frontends.dataplane import DataPlane
-from kiln.frontends.settings import ServerSettings
+from kiln.config import EngineConfig, ServerConfig
+from kiln.dataplane.dataplane import DataPlane
+from kiln.server.app import build_app
 
 
 def loading_app(**settings) -> tuple[TestClient, DataPlane]:
-    dataplane = DataPlane(ServerSettings(**settings))
+    dataplane = DataPlane(ServerConfig(**settings))
     dataplane.add_llm(EngineConfig.from_flat(model="/nonexistent/model"), name="m")
     return TestClient(build_app(dataplane)), dataplane  # no `with`: the lifespan (loading) never runs
 
@@ -25,6 +24,15 @@ def test_health_is_503_while_loading_and_requests_say_so():
     assert r.json()["error"]["type"] == "model_loading_error"
     assert client.get("/version").status_code == 200
     assert client.get("/v1/models").json()["data"][0]["id"] == "m"
+
+
+def test_kserve_routes_see_the_same_model_loading():
+    client, _ = loading_app()
+    assert client.get("/v2/health/live").status_code == 200
+    assert client.get("/v2/health/ready").status_code == 503
+    assert client.get("/v2/models/m/ready").status_code == 503
+    index = client.post("/v2/repository/index", json={}).json()
+    assert index == [{"name": "m", "state": "LOADING", "reason": ""}]
 
 
 def test_unknown_model_is_404_even_while_loading():

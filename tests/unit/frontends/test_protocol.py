@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.errors import InvalidRequestError, OverloadedError, PromptTooLongError
-from kiln.frontends.errors import ModelLoadingError, error_response
+from kiln.errors import InvalidRequestError, ModelLoadingError, OverloadedError, PromptTooLongError
+from kiln.frontends.errors import error_response
 from kiln.frontends.openai.common import parse
 from kiln.frontends.openai.protocol import ChatCompletionRequest, CompletionRequest
 

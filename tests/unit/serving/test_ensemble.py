@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from kiln.errors import ConfigError, ModelLoadError
-from kiln.serving.dataplane import DataPlane
 from kiln.serving.ensemble.dag import validate_ensemble
 from kiln.serving.repository.config import parse_config
 from kiln.serving.types import InferRequest
+from tests.unit.dataplane.planes import repository_plane
 from tests.unit.serving.models import basic_repository, write_model
 
 T = {"datatype": "FP32", "dims": [-1]}
@@ -54,15 +54,15 @@ def test_ensemble_runs_and_member_errors_fail_the_request(tmp_path):
     basic_repository(tmp_path)
 
     async def main():
-        plane = DataPlane.for_repository(tmp_path)
+        plane = repository_plane(tmp_path)
         assert await plane.start() == {}
         a = np.arange(8, dtype=np.float32).reshape(2, 4)
         b = np.ones((2, 4), np.float32)
         ok = await plane.infer(InferRequest("pipeline", {"A": a, "B": b}))
         with pytest.raises(Exception, match="negative input"):  # doubler refuses negatives
             await plane.infer(InferRequest("pipeline", {"A": -a - 5, "B": b}))
-        stats = plane.model_statistics("doubler")["model_stats"][0]
-        await plane.stop()
+        stats = plane.model_statistics("doubler")[0].as_dict()
+        await plane.shutdown()
         return a, b, ok, stats
     a, b, ok, stats = asyncio.run(main())
     assert np.array_equal(ok.outputs["DOUBLED_SUM"], (a + b) * 2)
@@ -79,11 +79,11 @@ def test_invalid_ensemble_in_repository_is_a_load_error(tmp_path):
     })
 
     async def main():
-        plane = DataPlane.for_repository(tmp_path)
+        plane = repository_plane(tmp_path)
         errors = await plane.start()
         with pytest.raises(ModelLoadError, match="type mismatch"):
             await plane.load_model("broken")
-        await plane.stop()
+        await plane.shutdown()
         return errors
     errors = asyncio.run(main())
     assert list(errors) == ["broken"] and "type mismatch on tensor 'A'" in errors["broken"]
@@ -93,9 +93,9 @@ def test_loading_an_ensemble_loads_its_members(tmp_path):
     basic_repository(tmp_path)
 
     async def main():
-        plane = DataPlane.for_repository(tmp_path)
+        plane = repository_plane(tmp_path)
         await plane.load_model("pipeline")
         ready = plane.model_ready("add_sub"), plane.model_ready("doubler"), plane.model_ready("upper")
-        await plane.stop()
+        await plane.shutdown()
         return ready
     assert asyncio.run(main()) == (True, True, False)

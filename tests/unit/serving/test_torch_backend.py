@@ -8,8 +8,8 @@ import pytest
 
 from kiln.errors import ConfigError
 from kiln.serving.backends.torch_archive import check_pt2_archive
-from kiln.serving.dataplane import DataPlane
 from kiln.serving.types import InferRequest
+from tests.unit.dataplane.planes import repository_plane
 from tests.unit.serving.models import write_model
 
 torch = pytest.importorskip("torch")
@@ -59,15 +59,15 @@ def test_torchscript_and_export_models_serve_and_agree(tmp_path):
         expected = Affine()(torch.from_numpy(x), torch.from_numpy(scale))[0].numpy()
 
     async def main():
-        plane = DataPlane.for_repository(repo)
+        plane = repository_plane(repo)
         assert await plane.start() == {}
         out = {}
         for name in ("ts", "ep"):
             rows = await asyncio.gather(*(
                 plane.infer(InferRequest(name, {"X": x[i:i + 1], "SCALE": scale[i:i + 1]})) for i in range(3)))
             out[name] = np.concatenate([r.outputs["Y"] for r in rows])
-            out[name + "_execs"] = plane.model_statistics(name)["model_stats"][0]["execution_count"]
-        await plane.stop()
+            out[name + "_execs"] = plane.model_statistics(name)[0].execution_count
+        await plane.shutdown()
         return out
     out = asyncio.run(main())
     np.testing.assert_allclose(out["ts"], expected, rtol=1e-5, atol=1e-6)
@@ -117,8 +117,8 @@ def test_torch_model_needs_declared_io(tmp_path):
     write_model(tmp_path, "ts", {"backend": "torch"}, {1: {"model.pt": torchscript_bytes()}})
 
     async def main():
-        plane = DataPlane.for_repository(tmp_path)
+        plane = repository_plane(tmp_path)
         errors = await plane.start()
-        await plane.stop()
+        await plane.shutdown()
         return errors
     assert "must list its inputs and outputs" in asyncio.run(main())["ts"]

@@ -1,22 +1,27 @@
 """`inference.GRPCInferenceService` on grpc.aio, over the DataPlane.
 
 A KilnError aborts the call with the error's gRPC status code (from
-kiln/errors.py); on ModelStreamInfer it becomes the response's
-`error_message` and the stream goes on. A cancelled call cancels its request.
+kiln/errors.py). On ModelStreamInfer every request in the stream is answered
+(one response, or several when the model streams it) or gets exactly one
+response with `error_message`, whatever the error, and the stream goes on.
+A cancelled call cancels its requests.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
+from kiln.dataplane.dataplane import DataPlane
+from kiln.dataplane.routed import TARGET_PARAMETER
 from kiln.errors import InvalidRequestError, KilnError
+from kiln.frontends.kserve import documents
 from kiln.frontends.kserve.grpc.codec import decode_request, encode_response, param_value
 from kiln.frontends.kserve.grpc.stubs import load_stubs
-from kiln.serving.backends.llm import token_stream
-from kiln.serving.dataplane import DataPlane
+from kiln.frontends.routing import TARGET_HEADER, route_key
 
 log = logging.getLogger("kiln.kserve.grpc")
 
@@ -40,7 +45,9 @@ def _guard(method):
 def make_servicer(dataplane: DataPlane):
     pb2, pb2_grpc = load_stubs()
 
-    class Servicer(pb2_grpc.GRPCInferenceServiceServicer):
+    base: Any = pb2_grpc.GRPCInferenceServiceServicer  # generated at run time (stubs.py)
+
+    class Servicer(base):
         @_guard
         async def ServerLive(self, request, context):
             return pb2.ServerLiveResponse(live=dataplane.live())
@@ -55,43 +62,49 @@ def make_servicer(dataplane: DataPlane):
 
         @_guard
         async def ServerMetadata(self, request, context):
-            return pb2.ServerMetadataResponse(**dataplane.server_metadata())
+            return pb2.ServerMetadataResponse(**documents.server_metadata())
 
         @_guard
         async def ModelMetadata(self, request, context):
-            doc = dataplane.model_metadata(request.name, request.version)
+            config = dataplane.model_config(request.name, request.version)
+            doc = documents.model_metadata(config, dataplane.model_versions(request.name))
             return json_format.ParseDict(doc, pb2.ModelMetadataResponse())
 
         @_guard
         async def ModelInfer(self, request, context):
-            return await self._infer(request)
-
-        async def _infer(self, request):
-            response = await dataplane.infer(decode_request(request, dataplane.limits))
+            key = _route_key(context)
+            response = await dataplane.infer(decode_request(request, dataplane.limits), route_key=key)
+            target = response.parameters.get(TARGET_PARAMETER)
+            if target is not None:
+                context.set_trailing_metadata(((TARGET_HEADER, str(target)),))
             return encode_response(pb2, response)
 
         async def ModelStreamInfer(self, request_iterator, context):
             results: asyncio.Queue = asyncio.Queue()
             pending: set[asyncio.Task] = set()
+            key = _route_key(context)
 
             async def one(request):
                 try:
-                    stream = token_stream(decode_request(request, dataplane.limits))
-                    if stream is None:
-                        await results.put(pb2.ModelStreamInferResponse(infer_response=await self._infer(request)))
-                        return
-                    async for response in stream:  # an LLM: one response per piece of text
+                    decoded = decode_request(request, dataplane.limits)
+                    async for response in dataplane.stream_infer(decoded, route_key=key):
                         await results.put(pb2.ModelStreamInferResponse(infer_response=encode_response(pb2, response)))
                 except KilnError as exc:
                     await results.put(pb2.ModelStreamInferResponse(error_message=exc.message))
+                except Exception as exc:  # noqa: BLE001 - the stream goes on; never leak internals
+                    log.exception("unexpected error in ModelStreamInfer")
+                    message = f"internal error: {type(exc).__name__}"
+                    await results.put(pb2.ModelStreamInferResponse(error_message=message))
 
             async def reader():
-                async for request in request_iterator:
-                    task = asyncio.ensure_future(one(request))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                await asyncio.gather(*list(pending))
-                await results.put(None)
+                try:
+                    async for request in request_iterator:
+                        task = asyncio.ensure_future(one(request))
+                        pending.add(task)
+                        task.add_done_callback(pending.discard)
+                    await asyncio.gather(*list(pending), return_exceptions=True)
+                finally:
+                    await results.put(None)
 
             read = asyncio.ensure_future(reader())
             try:
@@ -104,13 +117,13 @@ def make_servicer(dataplane: DataPlane):
 
         @_guard
         async def ModelConfig(self, request, context):
-            doc = dataplane.model_config(request.name, request.version)
+            doc = documents.triton_config(dataplane.model_config(request.name, request.version))
             config = json_format.ParseDict(doc, pb2.ModelConfig(), ignore_unknown_fields=True)
             return pb2.ModelConfigResponse(config=config)
 
         @_guard
         async def ModelStatistics(self, request, context):
-            doc = dataplane.model_statistics(request.name, request.version)
+            doc = documents.statistics(dataplane.model_statistics(request.name, request.version))
             return json_format.ParseDict(doc, pb2.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
         @_guard
@@ -129,6 +142,11 @@ def make_servicer(dataplane: DataPlane):
             return pb2.RepositoryModelUnloadResponse()
 
     return Servicer()
+
+
+def _route_key(context) -> str | None:
+    metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+    return route_key(metadata)
 
 
 def _repo_params(request) -> dict:

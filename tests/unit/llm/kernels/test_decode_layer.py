@@ -10,13 +10,12 @@ import torch
 
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
 from kiln.llm.kernels.build import cpu_supported
-from kiln.llm.kernels.ops import PACKED_MIN_ROWS, packed_min_rows
-from kiln.llm.layers.linear import pack_for_prefill
+from kiln.llm.kernels.ops import packed_min_rows
+from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.models.llama import LlamaModel
-from kiln.llm.quant import quantize_model
-from kiln.llm.runner.inputs import _decode_group
+from kiln.llm.runner.inputs import decode_group
 
 pytestmark = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
 
@@ -33,12 +32,9 @@ def model_in(mode: str) -> LlamaModel:
     model = LlamaModel(ARCH, max_positions=256)
     for name, p in model.named_parameters():
         p.data.fill_(1.0) if "layernorm" in name or name == "norm.weight" else p.data.normal_(0, 0.05)
-    quantize_model(model, {"fp32": None, "bf16": None, "int8": "int8", "int4": "int4"}[mode], group_size=32)
-    if mode == "bf16":
-        model.to(torch.bfloat16)
-    pack_for_prefill(model)
-    model.fused_layers = fused_decode.prepare(model)
-    return model
+    quantization = {"fp32": None, "bf16": None, "int8": "int8", "int4": "int4"}[mode]
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    return model.finish(torch.device("cpu"), dtype, quantization, group_size=32)
 
 
 def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
@@ -51,7 +47,7 @@ def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
     meta = AttentionMetadata(slot_mapping=torch.tensor(slots), block_size=BLOCK, num_decodes=batch)
     rows = list(zip(tables, ctx, strict=True))
     for first in range(0, batch, 16):
-        meta.decode_groups.append(_decode_group(first, rows[first : first + 16], BLOCK, torch.tensor))
+        meta.decode_groups.append(decode_group(first, rows[first : first + 16], BLOCK, torch.tensor))
     ids = torch.randint(3, ARCH.vocab_size, (batch,), generator=g)
     pool = [torch.randn(2, batch * BLOCKS_PER_SEQ * BLOCK, ARCH.num_kv_heads, ARCH.head_dim, generator=g).to(pool_dtype)
             for _ in range(ARCH.num_layers)]
@@ -99,11 +95,11 @@ def test_bf16_models_step_fused_up_to_their_own_row_limit():
 
 def test_models_it_cannot_serve_keep_the_module_path():
     model = model_in("fp32")
-    assert fused_decode.prepare(model.to(torch.float16)) is None  # neither fp32 nor bf16
+    assert model.to(torch.float16).gather_fused_layers() is None  # neither fp32 nor bf16
     model = model_in("int8")
-    assert fused_decode.prepare(model.to(torch.bfloat16)) is None  # quantized kernels take fp32 activations
+    assert model.to(torch.bfloat16).gather_fused_layers() is None  # quantized kernels take fp32 activations
     model = model_in("fp32")
     model.layers[1].mlp.down_proj = torch.nn.Identity()  # an unknown projection type
-    assert fused_decode.prepare(model) is None
+    assert model.gather_fused_layers() is None
     odd_heads = LlamaModel(dataclasses.replace(ARCH, head_dim=24, hidden_size=192), max_positions=64)
-    assert fused_decode.prepare(odd_heads) is None  # head_dim the paged kernel does not take
+    assert odd_heads.gather_fused_layers() is None  # head_dim the paged kernel does not take

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.llm.kernels import ops
+from kiln.llm.kernels import ops, tuning
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.layers.linear import Linear, pack_for_prefill
 
@@ -66,7 +66,7 @@ def test_fp32_activations_are_rounded_to_bf16_or_kept(name):
 def test_each_row_is_independent_of_the_others(name, threads):
     # Batch invariance: a row's bits must not change with M, with the
     # micro-kernel M selects, or with the thread count.
-    x, w = bf16_operands(0, ops.BF16_LINEAR_MAX_ROWS, 1540, 500)  # K tail of 4
+    x, w = bf16_operands(0, tuning.BF16_LINEAR_MAX_ROWS, 1540, 500)  # K tail of 4
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -82,7 +82,7 @@ def test_each_row_is_independent_of_the_others(name, threads):
 def test_routing_takes_the_kernel_only_where_it_applies():
     x, w = bf16_operands(3, 4, 64, 10)
     assert torch.equal(ops.linear(x, w), torch.ops.kiln.linear_bf16(x, w))
-    assert ops.linear_bf16(torch.randn(ops.BF16_LINEAR_MAX_ROWS + 1, 64).bfloat16(), w) is None
+    assert ops.linear_bf16(torch.randn(tuning.BF16_LINEAR_MAX_ROWS + 1, 64).bfloat16(), w) is None
     assert ops.linear_bf16(x.float(), w) is None  # fp32 x: the fp32 kernel's business
     assert ops.linear_bf16(x, w.float()) is None
     assert ops.linear_bf16(x, w.t().contiguous().t()) is None  # non-contiguous weight

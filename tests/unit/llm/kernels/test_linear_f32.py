@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.llm.kernels import ops
+from kiln.llm.kernels import ops, tuning
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.layers.linear import Linear
 
@@ -21,7 +21,7 @@ def test_library_is_built_and_loads():
 
 # 1-8 rows take the narrow micro-kernel, more the 4x3 one (with 1-3 row and
 # 1-2 column remainders: 9, 17, 130 rows against 301 weight rows).
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 130, ops.LINEAR_MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 130, tuning.LINEAR_MAX_ROWS])
 @pytest.mark.parametrize("in_features", [13, 576, 1536])
 def test_matches_f_linear(rows, in_features):
     g = torch.Generator().manual_seed(rows * 1000 + in_features)
@@ -37,7 +37,7 @@ def test_each_row_is_independent_of_the_others(threads):
     # Batch invariance relies on this: a row's result must not change with M,
     # with the micro-kernel that M selects, or with the thread count.
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(ops.LINEAR_MAX_ROWS, 1540, generator=g)  # K tail of 4: the scalar tail path too
+    x = torch.randn(tuning.LINEAR_MAX_ROWS, 1540, generator=g)  # K tail of 4: the scalar tail path too
     w = torch.randn(500, 1540, generator=g)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -53,12 +53,12 @@ def test_each_row_is_independent_of_the_others(threads):
 
 def test_falls_back_where_it_does_not_apply():
     w = torch.randn(10, 16)
-    assert ops.linear_f32(torch.randn(ops.LINEAR_MAX_ROWS + 1, 16), w) is None
+    assert ops.linear_f32(torch.randn(tuning.LINEAR_MAX_ROWS + 1, 16), w) is None
     assert ops.linear_f32(torch.randn(2, 16, dtype=torch.float64), w.double()) is None
     assert ops.linear_f32(torch.randn(2, 16), w.t().contiguous().t()) is None  # non-contiguous weight
     layer = Linear(16, 10)
     layer.weight.data.copy_(w)
-    x = torch.randn(ops.LINEAR_MAX_ROWS + 5, 16)
+    x = torch.randn(tuning.LINEAR_MAX_ROWS + 5, 16)
     torch.testing.assert_close(layer(x), F.linear(x, w))
 
 
@@ -110,21 +110,21 @@ def test_layer_uses_the_packed_copy_only_for_prefill_sized_fp32_inputs(monkeypat
     calls = []
     monkeypatch.setattr(linear_mod, "linear_packed", lambda x, p: calls.append(x.shape[0]) or F.linear(x, layer.weight))
     layer.packed = layer.packed if layer.packed is not None else layer.weight  # exercise routing without oneDNN too
-    for rows in (1, ops.PACKED_MIN_ROWS, ops.PACKED_MIN_ROWS + 1, 500):
+    for rows in (1, tuning.PACKED_MIN_ROWS, tuning.PACKED_MIN_ROWS + 1, 500):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-4)
-    assert calls == [ops.PACKED_MIN_ROWS + 1, 500]
+    assert calls == [tuning.PACKED_MIN_ROWS + 1, 500]
     layer.double()  # another dtype: the packed fp32 copy is not used
     x = torch.randn(100, 64, dtype=torch.float64)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
-    assert calls == [ops.PACKED_MIN_ROWS + 1, 500]
+    assert calls == [tuning.PACKED_MIN_ROWS + 1, 500]
 
 
 def test_finished_model_takes_many_logit_rows_through_the_packed_lm_head(tiny_llama3_dir, monkeypatch):
     from kiln.config import EngineConfig
     from kiln.llm.engine.builder import build_model
     from kiln.llm.layers import linear as linear_mod
-    from kiln.llm.models.checkpoint import load_checkpoint
+    from kiln.llm.models.loader import load_checkpoint
 
     model = build_model(load_checkpoint(tiny_llama3_dir), EngineConfig.from_flat(model=str(tiny_llama3_dir)), 512)
     if ops.pack_linear_weight(model.lm_head) is None:
@@ -133,7 +133,7 @@ def test_finished_model_takes_many_logit_rows_through_the_packed_lm_head(tiny_ll
     calls = []
     real = linear_mod.linear_packed
     monkeypatch.setattr(linear_mod, "linear_packed", lambda x, p: calls.append(x.shape[0]) or real(x, p))
-    for rows in (1, ops.PACKED_MIN_ROWS, ops.PACKED_MIN_ROWS + 8):
+    for rows in (1, tuning.PACKED_MIN_ROWS, tuning.PACKED_MIN_ROWS + 8):
         hidden = torch.randn(rows, model.arch.hidden_size)
         torch.testing.assert_close(model.compute_logits(hidden), F.linear(hidden, model.lm_head), rtol=1e-5, atol=1e-4)
-    assert calls == [ops.PACKED_MIN_ROWS + 8]
+    assert calls == [tuning.PACKED_MIN_ROWS + 8]

@@ -17,8 +17,15 @@ def test_auto_follows_the_model_dtype_and_a_name_overrides_it():
 
 
 def test_unknown_kv_cache_dtypes_are_rejected_by_name():
-    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of auto, float32, float16, bfloat16, got 'fp8'"):
+    with pytest.raises(ConfigError, match="must be one of auto, float32, float16, bfloat16, fp8_e4m3, got 'fp8'"):
         EngineConfig.from_flat(kv_cache_dtype="fp8")
+
+
+def test_fp8_pool_is_e4m3_on_cuda_and_holds_four_times_an_fp32_pool():
+    config = EngineConfig.from_flat(device="cuda", kv_cache_dtype="fp8_e4m3")
+    assert kv_dtype(config) == torch.float8_e4m3fn
+    model = SimpleNamespace(arch=SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64))
+    assert kv_bytes_per_block(model, 16, torch.float8_e4m3fn) * 4 == kv_bytes_per_block(model, 16, torch.float32)
 
 
 def test_a_16_bit_pool_fits_twice_the_blocks():

@@ -11,8 +11,8 @@ import torch
 from transformers import LlamaForCausalLM
 
 from kiln.errors import ModelLoadError
-from kiln.llm.models.checkpoint import load_checkpoint
 from kiln.llm.models.gguf_loader import unpermute_rows
+from kiln.llm.models.loader import load_checkpoint
 
 _GGUF_NAMES = {
     "self_attn.q_proj": "attn_q",

@@ -11,8 +11,9 @@ from transformers import LlamaForCausalLM
 
 from kiln.errors import ModelLoadError
 from kiln.llm.models.arch import RopeScaling
-from kiln.llm.models.checkpoint import expected_weight_shapes, load_checkpoint
+from kiln.llm.models.checkpoint import expected_weight_shapes
 from kiln.llm.models.hf_loader import arch_from_config
+from kiln.llm.models.loader import load_checkpoint
 
 CONFIG = Path("/models/x/config.json")  # only used in error messages
 

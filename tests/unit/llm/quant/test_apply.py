@@ -1,9 +1,10 @@
-"""quantize_model swaps every Linear and gives the LM head a quantized copy;
-the model's outputs stay close to the float model's."""
+"""LlamaModel.finish with a quantization swaps every Linear and gives the LM
+head a quantized copy; the model's outputs stay close to the float model's."""
 import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kiln.config import ModelConfig
 from kiln.errors import ConfigError
@@ -12,7 +13,6 @@ from kiln.llm.kernels.ops import kernels_loaded
 from kiln.llm.layers.linear import Linear
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.models.llama import LlamaModel
-from kiln.llm.quant import quantize_model
 from kiln.llm.quant.int4 import Int4Linear
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
 from kiln.llm.quant.int8 import Int8Linear
@@ -25,6 +25,13 @@ ARCH = LlamaArch(
     head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=64,
     tie_word_embeddings=True, rope_scaling=None, bos_token_id=1, eos_token_ids=(2,),
 )
+
+
+CPU = torch.device("cpu")
+
+
+def finished(model, method, group_size=32, **head):
+    return model.finish(CPU, torch.float32, method, group_size, **head)
 
 
 def random_model(tied=True):
@@ -52,7 +59,7 @@ def logits(model, n=12):
 def test_every_linear_and_the_head_are_quantized(method, cls, rtol, tied):
     model = random_model(tied)
     ref = logits(model)
-    quantize_model(model, method, group_size=32)
+    finished(model, method)
     assert not any(isinstance(m, Linear) for m in model.modules())
     assert sum(isinstance(m, cls) for m in model.modules()) == 4 * ARCH.num_layers + (cls is Int8Linear)
     assert isinstance(model.logits_head, Int8Linear)  # the head is int8 in both modes
@@ -66,24 +73,24 @@ def test_every_linear_and_the_head_are_quantized(method, cls, rtol, tied):
 
 def test_none_leaves_the_model_alone():
     model = random_model()
-    quantize_model(model, None)
+    finished(model, None)
     assert model.logits_head is None
     assert sum(isinstance(m, Linear) for m in model.modules()) == 4 * ARCH.num_layers
 
 
 def test_int4_head_on_request_and_float_head():
     model = random_model()
-    quantize_model(model, "int4", head_method="int4")
+    finished(model, "int4", head_quantization="int4")
     assert isinstance(model.logits_head, INT4)
     model = random_model()
-    quantize_model(model, "int8", head_method=None)
+    finished(model, "int8", head_quantization=None)
     assert model.logits_head is None
 
 
 def test_int4_unsupported_shapes_stay_float():
     model = random_model()
     # hidden 64 is not a multiple of 128, intermediate 128 is
-    quantize_model(model, "int4", group_size=128, head_method="int4")
+    finished(model, "int4", group_size=128, head_quantization="int4")
     assert sum(isinstance(m, Linear) for m in model.modules()) == 3 * ARCH.num_layers
     assert all(isinstance(layer.mlp.down_proj, INT4) for layer in model.layers)
     assert model.logits_head is None
@@ -113,3 +120,15 @@ def test_flat_options_and_cli_flag_reach_the_config():
         argv = [command, "--quantization", "int8"] + (["--prompt", "hi"] if command == "generate" else [])
         args = parser.parse_args(argv)
         assert given(args, names["engine"])["quantization"] == "int8"
+
+
+def test_quantize_head_none_returns_to_the_float_head_only_while_it_exists():
+    model = finished(random_model(tied=True), "int8")
+    assert isinstance(model.logits_head, Int8Linear)
+    model.quantize_head(None)
+    assert model.logits_head is None
+    hidden = torch.randn(3, ARCH.hidden_size)
+    torch.testing.assert_close(model.compute_logits(hidden), F.linear(hidden, model.embed_tokens))
+    untied = finished(random_model(tied=False), "int8")
+    with pytest.raises(ValueError, match="released"):
+        untied.quantize_head(None)

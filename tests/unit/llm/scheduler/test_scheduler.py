@@ -6,8 +6,9 @@ import pytest
 from kiln.config import SchedulerConfig
 from kiln.llm.kv_cache.manager import KVCacheManager
 from kiln.llm.request import Request, RequestStatus
+from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling_params import SamplingParams
-from kiln.llm.scheduler.output import RunnerOutput, SampledToken
+from kiln.llm.scheduler.output import RunnerOutput
 from kiln.llm.scheduler.scheduler import Scheduler
 
 BS = 4

@@ -6,8 +6,9 @@ from kiln.config import SchedulerConfig
 from kiln.llm.kv_cache.hashing import hash_full_blocks
 from kiln.llm.kv_cache.manager import KVCacheManager
 from kiln.llm.request import Request, RequestStatus
+from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling_params import SamplingParams
-from kiln.llm.scheduler.output import RunnerOutput, SampledToken
+from kiln.llm.scheduler.output import RunnerOutput
 from kiln.llm.scheduler.scheduler import Scheduler
 from kiln.llm.spec_decode.rejection import greedy_accept
 

@@ -1,0 +1,1 @@
+"""The data plane: every served model behind one facade for every transport."""

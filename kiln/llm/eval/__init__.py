@@ -1,0 +1,1 @@
+"""Quality checks of a Kiln model (perplexity), for quantization and other changes to the numerics."""

@@ -1,0 +1,29 @@
+"""Thresholds tuned by measurement on one CPU, in one place.
+
+Each constant says what it trades and which bench/ script re-tunes it; the
+figures behind the current values are in docs/benchmarks.md. Another CPU may
+want other values: rerun the script there and change them here only.
+"""
+
+# fp32 rows up to which Kiln's linear kernel (weights streamed once for all rows) beats torch's BLAS;
+# more rows go to MKL/oneDNN. Re-tune: bench/linear_f32.py (Kiln vs MKL crossover).
+LINEAR_MAX_ROWS = 192
+
+# fp32 rows above which a layer with a oneDNN-packed weight copy (and the LM head) runs oneDNN instead
+# of Kiln's kernel; also the largest decode step the fused decode layer takes. Re-tune: bench/linear_f32.py.
+PACKED_MIN_ROWS = 32
+
+# Decode rows attended as one padded batch: bigger groups pad more keys, smaller ones make more calls.
+# Re-tune: bench/decode_step.py (B running requests of mixed context length).
+DECODE_GROUP_SIZE = 16
+
+# New tokens on cached context up to which a chunk is attended row by row with the decodes instead of
+# one prefill call per sequence; covers verification of up to 16 drafts. Re-tune: bench/spec_decode.py.
+MAX_DECODE_LIKE_TOKENS = 17
+
+# bf16 weights (bench/linear_bf16.py --cpu-time, Zen 4): Kiln's AVX512_BF16 kernel beats oneDNN's packed bf16
+# weights up to 8 rows and loses from 16, so more than BF16_PACKED_MIN_ROWS rows take the packed copy where a
+# layer has one (and the fused decode layer takes at most that many); without one, Kiln's kernel beats torch's
+# F.linear up to 32 rows and loses at 64 (BF16_LINEAR_MAX_ROWS). Re-tune: bench/linear_bf16.py.
+BF16_LINEAR_MAX_ROWS = 48
+BF16_PACKED_MIN_ROWS = 8

@@ -1,0 +1,33 @@
+from kiln.cli.main import main as kiln_main
+from kiln.serving.repository.validate import validate_repository
+from tests.unit.serving.models import DOUBLER_PY, add_sub_onnx, basic_repository, doubler_config, write_model
+
+
+def test_valid_repository_has_no_problems(tmp_path, capsys):
+    basic_repository(tmp_path)
+    assert validate_repository(tmp_path) == []
+    assert kiln_main(["repo", "validate", str(tmp_path)]) == 0
+    assert "all models valid" in capsys.readouterr().out
+
+
+def test_each_bad_model_is_reported(tmp_path, capsys):
+    basic_repository(tmp_path)
+    write_model(tmp_path, "typo", doubler_config(max_batch_sise=3), {1: {"model.py": DOUBLER_PY}})
+    write_model(tmp_path, "no_artifact", doubler_config(), {1: {"other.py": DOUBLER_PY}})
+    write_model(tmp_path, "no_version", {"backend": "onnxruntime"})
+    write_model(tmp_path, "bad_graph", {
+        "backend": "ensemble", "inputs": [{"name": "A", "datatype": "FP32", "dims": [4]}],
+        "outputs": [{"name": "S", "datatype": "FP32", "dims": [4]}],
+        "steps": [{"model": "add_sub", "input_map": {"INPUT0": "A", "INPUT1": "missing"},
+                   "output_map": {"OUTPUT0": "S"}}],
+    })
+    write_model(tmp_path, "auto_onnx", {"backend": "onnxruntime", "max_batch_size": 2},
+                {1: {"model.onnx": add_sub_onnx()}})
+    problems = validate_repository(tmp_path)
+    text = "\n".join(problems)
+    assert len(problems) == 4, text
+    assert "typo:" in text and "max_batch_sise" in text
+    assert "no_artifact: version 1: missing artifact model.py" in text
+    assert "no_version:" in text and "bad_graph:" in text and "'missing'" in text
+    assert kiln_main(["repo", "validate", str(tmp_path)]) == 1
+    assert validate_repository(tmp_path / "absent")[0].endswith("is not a directory")
