@@ -63,7 +63,8 @@ class ServedLLM:
             self.load_error = e.message if isinstance(e, KilnError) else f"{type(e).__name__}: {e}"
             log.error("model %s failed to load: %s", self.name, self.load_error)
             raise
-        log.info("model %s ready (max_model_len %d)", self.name, self.engine.max_model_len)
+        info = self.engine.info
+        log.info("model %s ready (max_model_len %d, dtype %s)", self.name, info.max_model_len, info.dtype or "?")
 
     async def drain_and_shutdown(self, timeout_s: float) -> None:
         """Take no new requests, let in-flight ones finish (up to `timeout_s`), stop the engine."""

@@ -106,6 +106,7 @@ def ready_message(core: EngineCore, checkpoint: Checkpoint) -> Ready:
         block_size=core.config.cache.block_size,
         pid=os.getpid(),
         worker_pids=core.runner.worker_pids,
+        dtype=core.config.model.dtype,
         **_memory(core.runner),
     )
 

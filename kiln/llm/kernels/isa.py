@@ -137,4 +137,8 @@ def preferred_cpu_dtype() -> str:
     """The model dtype `--dtype auto` should pick on this CPU: bfloat16 where
     it has AVX512_BF16 or AMX (native bf16 dot products), float32 elsewhere.
     Follows KILN_ISA, so a forced avx2 run behaves like an AVX2 machine."""
-    return "bfloat16" if cpu_isa().at_least("avx512_bf16") else "float32"
+    return preferred_cpu_dtype_for(cpu_isa())
+
+
+def preferred_cpu_dtype_for(choice: IsaChoice) -> str:
+    return "bfloat16" if choice.at_least("avx512_bf16") else "float32"

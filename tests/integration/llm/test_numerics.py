@@ -88,7 +88,7 @@ def check_against_hf(llm: LLM, hf, atol: float) -> None:
 @pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_llama3_dir"])
 def test_tiny_llama_matches_transformers(fixture, request):
     path = request.getfixturevalue(fixture)
-    llm = LLM(str(path), kv_cache_memory_gib=0.05)
+    llm = LLM(str(path), kv_cache_memory_gib=0.05, dtype="float32")
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     check_against_hf(llm, hf, atol=1e-4)
 

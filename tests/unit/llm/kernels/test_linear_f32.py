@@ -126,7 +126,8 @@ def test_finished_model_takes_many_logit_rows_through_the_packed_lm_head(tiny_ll
     from kiln.llm.layers import linear as linear_mod
     from kiln.llm.models.loader import load_checkpoint
 
-    model = build_model(load_checkpoint(tiny_llama3_dir), EngineConfig.from_flat(model=str(tiny_llama3_dir)), 512)
+    config = EngineConfig.from_flat(model=str(tiny_llama3_dir), dtype="float32")
+    model = build_model(load_checkpoint(tiny_llama3_dir), config, 512)
     if ops.pack_linear_weight(model.lm_head) is None:
         pytest.skip("oneDNN unavailable: no packed copy to route to")
     assert model.lm_head_packed is not None and model.lm_head is model.embed_tokens  # tied: packed, not re-pointed
