@@ -25,8 +25,8 @@ from kiln.config import EngineConfig
 from kiln.llm.engine.llm_engine import LLMEngine
 from kiln.llm.kernels import isa
 from kiln.llm.kernels.ops import loaded_library
-from kiln.llm.models.checkpoint import load_checkpoint
 from kiln.llm.models.default_model import default_model_path
+from kiln.llm.models.loader import load_checkpoint
 
 TIMED_STEPS = 12
 

@@ -13,22 +13,37 @@ image built here may run elsewhere). Needs a C++20 compiler; without one,
 or on a CPU without AVX2/FMA, nothing is built and Kiln runs on PyTorch's
 own kernels. A compile error is reported and the exit status is 1; at run
 time Kiln then loads the best build that exists, or none. The libraries are
-loaded with `torch.ops.load_library`, so nothing is compiled while a server
-starts.
+loaded with `torch.ops.load_library`.
+
+Where no library was built (a wheel installed with pip, not `make`), the
+first process that wants one compiles the build its CPU loads
+(`build_on_first_use`): beside this file if the package directory is
+writable, else in the user's cache (`~/.cache/kiln/kernels/torch-<version>`),
+under a file lock so concurrent processes compile it once. Without a
+compiler that is a logged warning and Kiln runs on PyTorch's kernels.
 """
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import functools
+import logging
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kiln.llm.kernels import isa
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 COMMON_SOURCES = ("linear_f32.cpp", "paged_attention.cpp", "layer_ops.cpp", "decode_layer.cpp")
@@ -60,6 +75,70 @@ LEGACY_LIBRARY = HERE / "_kiln_kernels.so"
 
 def library_path(name: str) -> Path:
     return BUILDS[name].library
+
+
+def cache_directory() -> Path:
+    """Where first-use builds go when the package directory is read-only (one per torch version: the
+    libraries link against torch's)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "kiln" / "kernels" / f"torch-{torch.__version__}"
+
+
+def find_library(name: str) -> Path | None:
+    """Build `name`'s library: beside this file (`make`), else from an earlier first-use build."""
+    for directory in (HERE, cache_directory()):
+        path = dataclasses.replace(BUILDS[name], directory=directory).library
+        if path.exists():
+            return path
+    return None
+
+
+def _writable(directory: Path) -> bool:
+    return os.access(directory, os.W_OK)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@functools.cache
+def _warn_no_compiler() -> None:
+    log.warning(
+        "kiln kernels: not built and no C++ compiler (c++ or g++) to build them; running on PyTorch's kernels "
+        "(slower). Install a C++20 compiler with OpenMP (e.g. apt install g++) and restart, or run "
+        "`python -m kiln.llm.kernels.build` once."
+    )
+
+
+def build_on_first_use(name: str) -> Path | None:
+    """Compiles build `name` now (it exists nowhere); its library, or None
+    (logged why): no compiler, or the compile failed."""
+    if compiler() is None:
+        _warn_no_compiler()
+        return None
+    directory = HERE if _writable(HERE) else cache_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    wanted = dataclasses.replace(BUILDS[name], directory=directory)
+    with _locked(directory / ".kiln-kernels-build.lock"):
+        if wanted.library.exists():  # another process built it while this one waited
+            return wanted.library
+        log.warning("kiln kernels: %s not built; compiling it now into %s (once; about a minute)",
+                    wanted.library.name, directory)
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            status = build_all([wanted], Path(tmp_dir))
+    if status != 0 or not wanted.library.exists():
+        log.error("kiln kernels: compiling %s failed (compiler output above); running on PyTorch's kernels",
+                  wanted.library.name)
+        return None
+    log.warning("kiln kernels: built %s in %.0fs", wanted.library.name, time.perf_counter() - started)
+    return wanted.library
 
 
 def cpu_supported() -> bool:
@@ -127,7 +206,7 @@ def build_all(builds: list[Build], tmp_dir: Path) -> int:
         if not compiler_accepts(build_.flags):
             print(f"kiln kernels: the compiler does not take {' '.join(build_.flags)}; {build_.name} not built")
             continue
-        tmp = build_.library.with_suffix(".tmp.so")
+        tmp = build_.library.with_suffix(f".{os.getpid()}.tmp.so")
         command = compile_command(build_, unity_source(build_, tmp_dir), tmp)
         jobs[build_.name] = (build_, tmp, time.perf_counter(), subprocess.Popen(command))
     count = len(jobs)

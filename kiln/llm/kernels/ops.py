@@ -15,7 +15,7 @@ import os
 import torch
 
 from kiln.llm.kernels import isa
-from kiln.llm.kernels.build import BUILDS, LEGACY_LIBRARY
+from kiln.llm.kernels.build import BUILDS, LEGACY_LIBRARY, build_on_first_use, find_library
 from kiln.llm.kernels.tuning import BF16_LINEAR_MAX_ROWS, BF16_PACKED_MIN_ROWS, LINEAR_MAX_ROWS, PACKED_MIN_ROWS
 
 log = logging.getLogger(__name__)
@@ -43,9 +43,8 @@ def loaded_library() -> str | None:
         return None
     choice = isa.cpu_isa()
     for name in _builds_to_try(choice):
-        path = BUILDS[name].library
-        if not path.exists():
-            log.info("kiln kernels: %s not built", path.name)
+        path = find_library(name) or build_on_first_use(name)
+        if path is None:
             continue
         try:
             torch.ops.load_library(str(path))

@@ -34,3 +34,48 @@ def test_a_failed_compile_is_reported_and_the_others_are_kept(tmp_path, capsys):
     assert (tmp_path / "_kiln_kernels_good.so").exists()
     assert not (tmp_path / "_kiln_kernels_bad.so").exists() and not list(tmp_path.glob("*.tmp.so"))
     assert build.build_all(builds[:1], tmp_path) == 0
+
+
+@pytest.fixture
+def empty_package(tmp_path, monkeypatch):
+    """No library beside the package or in the cache: what a pip-installed wheel looks like."""
+    package, cache = tmp_path / "package", tmp_path / "cache"
+    package.mkdir()
+    monkeypatch.setattr(build, "HERE", package)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    source = tmp_path / "probe.cpp"
+    source.write_text("extern \"C\" int kiln_probe() { return 7; }\n")
+    monkeypatch.setitem(build.BUILDS, "avx2", build.Build("avx2", build.AVX2_FLAGS, (source,), package))
+    return package, cache / "kiln" / "kernels" / f"torch-{build.torch.__version__}"
+
+
+def test_libraries_are_found_beside_the_package_or_in_the_cache(empty_package):
+    package, cache = empty_package
+    assert build.find_library("avx2") is None
+    cache.mkdir(parents=True)
+    (cache / "_kiln_kernels_avx2.so").write_bytes(b"")
+    assert build.find_library("avx2") == cache / "_kiln_kernels_avx2.so"
+    (package / "_kiln_kernels_avx2.so").write_bytes(b"")
+    assert build.find_library("avx2") == package / "_kiln_kernels_avx2.so"  # `make`'s build first
+
+
+def test_without_a_compiler_first_use_warns_and_falls_back(empty_package, monkeypatch, caplog):
+    monkeypatch.setattr(build, "compiler", lambda: None)
+    build._warn_no_compiler.cache_clear()
+    with caplog.at_level("WARNING", logger="kiln.llm.kernels.build"):
+        assert build.build_on_first_use("avx2") is None
+    build._warn_no_compiler.cache_clear()
+    assert "no C++ compiler (c++ or g++) to build them; running on PyTorch's kernels" in caplog.text
+
+
+@pytest.mark.skipif(build.compiler() is None or not build.cpu_supported(), reason="no C++ compiler or AVX2 CPU")
+def test_first_use_compiles_once_into_the_package_or_else_the_cache(empty_package, monkeypatch, caplog):
+    package, cache = empty_package
+    with caplog.at_level("WARNING", logger="kiln.llm.kernels.build"):
+        assert build.build_on_first_use("avx2") == package / "_kiln_kernels_avx2.so"
+    assert "_kiln_kernels_avx2.so not built; compiling it now into" in caplog.text
+    assert (package / "_kiln_kernels_avx2.so").exists()
+    (package / "_kiln_kernels_avx2.so").unlink()
+    monkeypatch.setattr(build, "_writable", lambda directory: False)  # a read-only site-packages
+    assert build.build_on_first_use("avx2") == cache / "_kiln_kernels_avx2.so"
+    assert build.find_library("avx2") == cache / "_kiln_kernels_avx2.so"
