@@ -11,6 +11,7 @@ from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
+from kiln.llm.engine.loop import memory_bytes
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.dtype_choice import checkpoint_dtype, choose_dtype
@@ -153,8 +154,11 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     runner.proposer = build_proposer(config, checkpoint, runner, num_blocks, max_model_len)
     runner.cuda_graphs = build_cuda_graphs(runner, config, max_model_len)
     core = EngineCore(config, runner, num_blocks, max_model_len)
+    memory = memory_bytes(runner)
     log.info(
-        "engine ready: %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs",
-        checkpoint.source, num_blocks, config.cache.block_size, max_model_len, time.perf_counter() - started,
+        "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs; memory: weights %.2f GiB "
+        "(with packed prefill copies), KV pool %.2f GiB",
+        checkpoint.source, config.model.dtype, num_blocks, config.cache.block_size, max_model_len,
+        time.perf_counter() - started, memory["weights_bytes"] / 2**30, memory["kv_cache_bytes"] / 2**30,
     )
     return core, checkpoint

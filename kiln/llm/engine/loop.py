@@ -107,11 +107,11 @@ def ready_message(core: EngineCore, checkpoint: Checkpoint) -> Ready:
         pid=os.getpid(),
         worker_pids=core.runner.worker_pids,
         dtype=core.config.model.dtype,
-        **_memory(core.runner),
+        **memory_bytes(core.runner),
     )
 
 
-def _memory(runner: object) -> dict[str, int]:
+def memory_bytes(runner: object) -> dict[str, int]:
     """Bytes of the model's weights (parameters, buffers, and the packed copies
     kept for prefill) and of the KV pool, for a single-process runner; nothing
     for a parallel one (its ranks hold shards)."""
