@@ -27,9 +27,16 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt $(wildcard kiln/llm/kerne
 
 # rapidocr-onnxruntime and silero-vad come without their dependencies: theirs
 # would pull a GUI OpenCV build and torchaudio (and with it another torch).
+# The dashboard's browser tests drive Debian's chromium through Playwright
+# (never Playwright's own browser download): installed with apt when absent;
+# where that is impossible (no root, no apt) those tests skip and say why.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 $(TEST_STAMP): $(STAMP)
 	$(PIP) -e '.[test]'
 	$(PIP) --no-deps rapidocr-onnxruntime silero-vad
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium; } || \
+		echo "chromium could not be installed: the dashboard browser tests will be skipped"
 	touch $(TEST_STAMP)
 
 $(LINT_STAMP): $(STAMP)

@@ -1,4 +1,4 @@
-"""The `kiln` command: serve, generate, worker, repo validate, bench serve, bench infer.
+"""The `kiln` command: serve, generate, worker, repo validate, bench serve, bench infer, analyze.
 
 Engine flags are derived from EngineConfig's dataclass fields (one flag per
 field, `--block-size` for `block_size`) and server flags from ServerConfig,
@@ -22,6 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from kiln.analyze.config import AnalyzeConfig
 from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, ServerConfig, SpecConfig, field_help
 from kiln.deploy.ray_config import RayServeConfig
 from kiln.errors import KilnError
@@ -35,6 +36,7 @@ GROUP_TITLES = {
     ParallelConfig: "tensor / pipeline parallelism",
     ServerConfig: "server",
     RayServeConfig: "Ray Serve replicas and autoscaling (with --ray)",
+    AnalyzeConfig: "analyzer",
 }
 
 
@@ -154,7 +156,38 @@ def run_generate(args: argparse.Namespace, engine_names: list[str]) -> int:
     return 0
 
 
+# ---- analyze -------------------------------------------------------------------
+
+
+def run_analyze(args: argparse.Namespace, engine_names: list[str], analyze_names: list[str],
+                argv: list[str]) -> int:
+    try:
+        from kiln.analyze.run import run_analyze as analyze
+    except ImportError as exc:  # matplotlib, optuna or rich missing
+        raise KilnError(f"kiln analyze needs the 'analyze' extra: pip install 'kiln[analyze]' ({exc})") from None
+    config = AnalyzeConfig(**given(args, analyze_names))
+    return analyze(config, args.model, given(args, engine_names), args.param, command="kiln " + " ".join(argv))
+
+
 # ---- the parser --------------------------------------------------------------
+
+
+ANALYZE_EPILOG = """\
+pruning: a load sweep stops at the first level that breaks an SLO or gains no
+throughput; the coordinate search tries one parameter at a time from the best so
+far (--max-passes), optuna samples --trials configurations (TPE).
+
+writes into --output: results.jsonl (every point; Ctrl-C keeps it and the same
+command resumes), report.md and report.html (table, cost per 1,000 predictions,
+plots/*.png), and the best configuration: config.yaml (a repository model's,
+or backend llm) and, for LLMs, serve-command.sh (kiln serve with its flags).
+
+examples:
+  kiln analyze --model-repository examples/tabular/repository --model-name breast_cancer \\
+      --max-p99-latency-ms 20 --price-per-hour 0.5
+  kiln analyze --max-p99-ttft-ms 2000 --max-p99-tpot-ms 200 --max-configs 6 \\
+      --param max_num_seqs=8,32 --param max_num_batched_tokens=256,1024
+"""
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
@@ -200,6 +233,24 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     validate = repo_sub.add_parser("validate", help="check a model repository and print what is wrong")
     validate.add_argument("repository")
 
+    analyze = sub.add_parser(
+        "analyze",
+        help="find the best serving configuration of a model under latency SLOs (report, plots, config file)",
+        description="Starts real kiln serve configurations, drives them at increasing load with the bench "
+        "load generators and searches the configurations that matter for the model (docs/operations.md, "
+        "'kiln analyze'). An LLM: give its file and, optionally, engine flags (the base configuration). "
+        "A repository model: --model-repository DIR --model-name NAME (the base is its config.yaml).",
+        epilog=ANALYZE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    names["analyze_engine"] = add_engine_flags(analyze)
+    names["analyze"] = add_dataclass_flags(analyze, AnalyzeConfig)
+    analyze.add_argument(
+        "--param", action="append", default=[], metavar="NAME=V1,V2",
+        help="search only the parameters given this way, over these values (repeatable); "
+        "e.g. --param max_batch_size=16,64 --param max_queue_delay_ms=0,2",
+    )
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     add_bench_serve_arguments(bench_sub.add_parser("serve", help="load-test an OpenAI-compatible server"))
@@ -209,6 +260,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser, names = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
@@ -221,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             return worker_main(["--device", args.device, "--dist-timeout-s", str(args.dist_timeout_s)])
         if args.command == "repo":
             return run_validate(args.repository)
+        if args.command == "analyze":
+            return run_analyze(args, names["analyze_engine"], names["analyze"], argv)
         if args.bench_command == "infer":
             from kiln.bench.infer import main_bench_infer
 

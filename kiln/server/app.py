@@ -1,5 +1,6 @@
-"""The ASGI app: every HTTP route (OpenAI, KServe v2, operations) over one
-data plane, plus the gRPC server, started and stopped with the app.
+"""The ASGI app: every HTTP route (OpenAI, KServe v2, operations, admin, the
+/dashboard page) over one data plane, plus the gRPC server, started and
+stopped with the app.
 
 The lifespan opens the ports at once and loads the models in the background,
 so /health answers 503 while they load (unless the data plane's owner loaded
@@ -21,12 +22,13 @@ from fastapi import FastAPI
 
 from kiln.dataplane.dataplane import DataPlane
 from kiln.frontends.admin import admin_router
-from kiln.frontends.auth import ApiKeyMiddleware
+from kiln.frontends.auth import OPEN_PATHS, ApiKeyMiddleware
 from kiln.frontends.errors import install_error_handlers
 from kiln.frontends.kserve.grpc.servicer import start_grpc_server
 from kiln.frontends.kserve.http import kserve_router
 from kiln.frontends.openai.router import openai_router
 from kiln.frontends.ops import ops_router
+from kiln.frontends.web import dashboard
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,11 @@ def build_app(dataplane: DataPlane, on_fatal: Callable[[str], None] | None = Non
     app.state.dataplane = dataplane
     install_error_handlers(app)
     if dataplane.config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=dataplane.config.api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=dataplane.config.api_key,
+                           open_paths=OPEN_PATHS | dashboard.OPEN_PATHS, open_prefixes=dashboard.OPEN_PREFIXES)
     app.include_router(ops_router(dataplane))
+    app.include_router(dashboard.dashboard_router(dataplane))
+    app.mount(dashboard.STATIC_PREFIX, dashboard.static_files(), name="dashboard-static")
     app.include_router(admin_router(dataplane))
     app.include_router(openai_router(dataplane))
     app.include_router(kserve_router(dataplane))

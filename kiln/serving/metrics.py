@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _LABELS = ("model", "version")
 
 
@@ -25,6 +26,10 @@ class ServingMetrics:
         self.exec_count = Counter("kiln_inference_exec_count", "Backend executions (batches)", _LABELS, registry=r)
         self.pending = Gauge("kiln_inference_pending_request_count", "Requests queued or running", _LABELS, registry=r)
         self.request_us = Counter("kiln_inference_request_duration_us", "Cumulative request time", _LABELS, registry=r)
+        self.latency = Histogram(
+            "kiln_inference_request_latency_seconds", "Request latency (queue + compute), successes and failures",
+            _LABELS, buckets=_LATENCY_BUCKETS, registry=r,
+        )
         self.queue_us = Counter("kiln_inference_queue_duration_us", "Cumulative queue time", _LABELS, registry=r)
         self.input_us = Counter(
             "kiln_inference_compute_input_duration_us", "Cumulative input preparation time", _LABELS, registry=r
@@ -46,6 +51,7 @@ class ServingMetrics:
         else:
             self.failure.labels(model, version, reason if reason in FAILURE_REASONS else "OTHER").inc()
         self.request_us.labels(model, version).inc(duration_ns / 1000)
+        self.latency.labels(model, version).observe(duration_ns / 1e9)
 
     def execution(self, model: str, version: str, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         self.exec_count.labels(model, version).inc()

@@ -41,3 +41,16 @@ def test_health_and_metrics_stay_open():
     client = make_client()
     assert client.get("/health").status_code == 200
     assert client.get("/metrics").status_code == 200
+
+
+def test_open_prefixes_serve_static_files_but_not_traversals():
+    async def ok(request):
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/static/{path:path}", ok), Route("/data", ok)])
+    app.add_middleware(ApiKeyMiddleware, api_key="k3y", open_prefixes=("/static/",))
+    client = TestClient(app)
+    assert client.get("/static/app.js").status_code == 200
+    assert client.get("/data").status_code == 401
+    assert client.get("/staticx").status_code == 401  # a prefix, not a substring
+    assert client.get("/static/%2e%2e/data").status_code == 401  # decoded '..' stays closed
