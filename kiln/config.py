@@ -50,8 +50,13 @@ class ModelConfig:
         True, "CUDA: replay captured graphs for decode steps (batch padded to the next captured size)"
     )
     cuda_graph_max_batch_size: int = option(256, "CUDA: largest decode batch replayed from a graph (1-1024)")
+    chat_template: str | None = option(
+        None, "Jinja chat template, or a file holding one, used instead of the checkpoint's"
+    )
 
     def __post_init__(self) -> None:
+        if self.chat_template is not None and not self.chat_template.strip():
+            raise ConfigError("chat_template must not be empty", param="chat_template")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}", param="quantization"
@@ -274,6 +279,7 @@ def flat_options(config: EngineConfig) -> dict[str, Any]:
 
 
 ENGINE_MODES = ("process", "thread")
+MODEL_CONTROL_MODES = ("none", "explicit")
 PRICE_SCOPES = ("server", "device")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -287,7 +293,18 @@ class ServerConfig:
     grpc_port: int | None = option(
         None, "KServe v2 gRPC port; default 8001 with --model-repository, else no gRPC; -1 disables"
     )
-    api_key: str | None = option(None, "Bearer token required on every route but health, metrics, version")
+    api_key: str | None = option(
+        None, "Bearer token required on every HTTP route and gRPC call but health, metrics and version"
+    )
+    protect_health: bool = option(
+        False, "require the API key on /health, /metrics, /version, /v2/health/* and the gRPC health calls too"
+    )
+    ssl_certfile: str | None = option(None, "serve HTTPS and gRPC over TLS with this PEM certificate (chain)")
+    ssl_keyfile: str | None = option(None, "PEM private key of --ssl-certfile")
+    model_control: str = option(
+        "none", "explicit: allow the model load/unload API (KServe repository extension); none: refuse it",
+        MODEL_CONTROL_MODES,
+    )
     served_model_name: str | None = option(None, "name of the command-line model (default: its file name)")
     model_repository: str | None = option(None, "also serve this model repository (KServe v2 layout)")
     strict_readiness: bool = option(True, "ready only when every repository model loaded")
@@ -296,6 +313,18 @@ class ServerConfig:
     max_request_bytes: int = option(2 * 2**20, "largest OpenAI request body, bytes")
     max_tensor_request_bytes: int = option(64 * 2**20, "largest KServe v2 request (HTTP body or gRPC message), bytes")
     max_n: int = option(16, "largest n (choices per prompt) of a completion request")
+    max_prompts_per_request: int = option(
+        256, "most engine requests (prompts x n, or KServe rows) one API request may carry"
+    )
+    engine_restarts: int = option(3, "restarts of a dead LLM engine allowed per --engine-restart-window-s (0: none)")
+    engine_restart_window_s: float = option(600.0, "the interval --engine-restarts counts over, seconds")
+    engine_restart_backoff_s: float = option(1.0, "wait before restarting a dead engine; doubles per recent restart")
+    engine_restart_backoff_max_s: float = option(30.0, "longest wait before an engine restart, seconds")
+    max_header_bytes: int = option(32768, "largest HTTP request head (request line + headers), bytes; 431 above")
+    max_header_count: int = option(100, "most HTTP request headers; 431 above")
+    timeout_header_s: float = option(10.0, "seconds a client has to send a request's head (line + headers)")
+    timeout_idle_s: float = option(30.0, "seconds an unfinished request may send nothing before it is dropped")
+    timeout_keep_alive_s: int = option(5, "seconds an idle keep-alive HTTP connection stays open")
     max_tokens_limit: int | None = option(None, "largest max_tokens a request may ask (default: the context)")
     shutdown_timeout: int = option(30, "seconds in-flight requests get to finish on SIGTERM")
     autoscale_target_requests: float = option(
@@ -329,11 +358,27 @@ class ServerConfig:
             raise ConfigError(f"log_level must be one of {LOG_LEVELS}", param="log_level")
         if self.api_key == "":
             raise ConfigError("api_key must not be empty", param="api_key")
+        if self.model_control not in MODEL_CONTROL_MODES:
+            raise ConfigError(f"model_control must be one of {MODEL_CONTROL_MODES}", param="model_control")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ConfigError("give both ssl_certfile and ssl_keyfile, or neither", param="ssl_certfile")
+        if self.engine_restarts < 0:
+            raise ConfigError("engine_restarts must be non-negative", param="engine_restarts")
+        if not 0 <= self.engine_restart_backoff_s <= self.engine_restart_backoff_max_s:
+            raise ConfigError(
+                "need 0 <= engine_restart_backoff_s <= engine_restart_backoff_max_s", param="engine_restart_backoff_s"
+            )
+        for name in ("engine_restart_window_s", "timeout_header_s", "timeout_idle_s", "timeout_keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive", param=name)
+        if not 1024 <= self.max_header_bytes <= 1 << 24:
+            raise ConfigError("max_header_bytes must be in [1024, 16777216]", param="max_header_bytes")
         for name in ("max_queued_requests", "max_tokens_limit"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be non-negative", param=name)
-        for name in ("max_request_bytes", "max_tensor_request_bytes", "max_n"):
+        for name in ("max_request_bytes", "max_tensor_request_bytes", "max_n", "max_prompts_per_request",
+                     "max_header_count"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive", param=name)
         if self.shutdown_timeout < 0:

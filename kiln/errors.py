@@ -47,6 +47,14 @@ class ModelLoadError(KilnError):
     error_type = "model_load_error"
 
 
+class ModelConfigLoadError(ModelLoadError):
+    """A load failed because the model's config (or a load request's override) is
+    invalid, e.g. an `llm` path outside the version directory: the client's to fix."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+
+
 class ModelNotFoundError(KilnError):
     http_status = 404
     grpc_code = "NOT_FOUND"
@@ -57,6 +65,14 @@ class AuthenticationError(KilnError):
     http_status = 401
     grpc_code = "UNAUTHENTICATED"
     error_type = "authentication_error"
+
+
+class ForbiddenError(KilnError):
+    """The server is set up to refuse this operation (e.g. model control is off)."""
+
+    http_status = 403
+    grpc_code = "PERMISSION_DENIED"
+    error_type = "permission_error"
 
 
 class OverloadedError(KilnError):
@@ -76,12 +92,27 @@ class EngineDeadError(KilnError):
     error_type = "engine_dead_error"
 
 
+class RequestFailedError(KilnError):
+    """One request failed inside the engine (the engine and the other requests go on)."""
+
+    http_status = 500
+    grpc_code = "INTERNAL"
+    error_type = "request_failed_error"
+
+
 class ModelUnavailableError(KilnError):
     """The model exists but is not ready (loading, unloading or failed)."""
 
     http_status = 503
     grpc_code = "UNAVAILABLE"
     error_type = "unavailable_error"
+
+
+class EngineRestartingError(ModelUnavailableError):
+    """The engine died and a new one is starting; retry shortly."""
+
+    error_type = "engine_restarting_error"
+    retry_after_s = 2
 
 
 class RequestTimeoutError(KilnError):

@@ -44,7 +44,8 @@ class ServerProcess:
         self.grpc_port = free_port() if grpc else -1
         self.log_path = log_path
         cmd = [sys.executable, "-m", "kiln.cli.main", "serve", *serve_args, "--host", "127.0.0.1",
-               "--port", str(self.port), "--grpc-port", str(self.grpc_port), "--log-level", "warning"]
+               "--port", str(self.port), "--grpc-port", str(self.grpc_port), "--log-level", "warning",
+               "--model-control", "explicit"]  # the analyzer's own loopback server: configs switch by load
         self.command = cmd
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -94,6 +94,7 @@ def run_serve(
 ) -> int:
     from kiln.config import EngineConfig
     from kiln.llm.device import require_device
+    from kiln.llm.models.loader import read_arch
     from kiln.server.compose import build_dataplane
     from kiln.server.run import serve
 
@@ -106,6 +107,8 @@ def run_serve(
     if args.model is not None or config.model_repository is None:
         llm = EngineConfig.from_flat(model=args.model, **engine_options)
         require_device(llm.model.device)  # a clear error (exit 2) here, not a traceback from the engine process
+        if llm.model.model is not None:
+            read_arch(llm.model.model)  # likewise for a path that is not a model, or of an unsupported family
     elif engine_options:
         raise KilnError(
             f"engine flags ({', '.join(sorted(engine_options))}) apply to a command-line model; "

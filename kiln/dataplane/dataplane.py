@@ -34,6 +34,7 @@ from kiln.config import EngineConfig, ServerConfig, flat_options
 from kiln.dataplane.autoscale import AutoscaleMonitor
 from kiln.dataplane.llm_model import LLMModel
 from kiln.dataplane.load import SourceLoad, version_load
+from kiln.dataplane.restarts import RestartPolicy
 from kiln.dataplane.routed import TARGET_PARAMETER, ChosenLLM
 from kiln.dataplane.router import Router
 from kiln.dataplane.routing.call import RouteCall
@@ -41,7 +42,14 @@ from kiln.dataplane.routing.spec import ROUTES_FILE, read_routes_file
 from kiln.dataplane.routing.target import Target
 from kiln.dataplane.served_llm import ServedLLM
 from kiln.dataplane.usage import batched_reading, llm_reading
-from kiln.errors import ConfigError, DrainingError, InvalidRequestError, KilnError, ModelNotFoundError
+from kiln.errors import (
+    ConfigError,
+    DrainingError,
+    ForbiddenError,
+    InvalidRequestError,
+    KilnError,
+    ModelNotFoundError,
+)
 from kiln.metrics.cost import CostCollector, UsageReading
 from kiln.metrics.desired_replicas import HintConfig
 from kiln.metrics.device import DeviceCollector
@@ -94,6 +102,9 @@ class DataPlane:
             engine_mode=self.config.engine_mode,
             max_queued_requests=self.config.max_queued_requests,
             drain_timeout_s=self.config.shutdown_timeout,
+            restart_policy=RestartPolicy.of(self.config),
+            max_rows=self.config.max_prompts_per_request,
+            max_tokens_limit=self.config.max_tokens_limit,
         )
 
     def add_llm(self, config: EngineConfig, name: str) -> None:
@@ -161,19 +172,24 @@ class DataPlane:
 
     # ---- health --------------------------------------------------------------
     def live(self) -> bool:
-        """False once an engine died: it never comes back in this process, so it must restart."""
+        """False once an engine is dead with no restart left: it never comes back in this
+        process, so the process must be restarted (an engine being restarted is still live)."""
         return "dead" not in self.model_states().values()
 
     def model_states(self) -> dict[str, str]:
-        """Every model's state: ready, loading, unavailable, unloading, dead (an LLM engine died)."""
+        """Every model's state: ready, loading, unavailable, unloading, and for an LLM whose
+        engine died: restarting (a new one is starting) or dead (no restart left)."""
         states = {}
         for row in self.models.index():
             if row.get("reason") == "unloaded":
                 continue
             name = row["name"]
             state = row["state"].lower() if "state" in row else ("unavailable" if self.started else "loading")
-            if state == "ready" and not self.models.resolve(name).healthy():
-                state = "dead"
+            if state == "ready":
+                loaded = self.models.resolve(name)
+                if not loaded.healthy():
+                    model = loaded.async_model
+                    state = model.served.state if isinstance(model, LLMModel) and model.served else "dead"
             states[name] = state
         return states
 
@@ -362,7 +378,16 @@ class DataPlane:
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.models.index(ready_only)
 
+    def _check_model_control(self) -> None:
+        if self.config.model_control != "explicit":
+            raise ForbiddenError(
+                "model load/unload is not allowed: the server runs with --model-control none "
+                "(start it with --model-control explicit to allow it)"
+            )
+
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Load or reload a repository model (the KServe repository extension; --model-control explicit)."""
+        self._check_model_control()
         if self.router.is_route(name):
             raise ConfigError(f"'{name}' is a route; a model cannot take its name", param="name")
         override = None
@@ -376,6 +401,7 @@ class DataPlane:
         await self.models.load(name, override)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._check_model_control()
         parameters = parameters or {}
         unknown = set(parameters) - {"unload_dependents"}
         if unknown:

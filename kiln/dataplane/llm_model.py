@@ -11,9 +11,10 @@ is its own engine request. Request parameter `stream: true` (gRPC
 ModelStreamInfer) streams one response per new piece of text.
 
 Engine options come from the config's `parameters` (`dtype`,
-`kv_cache_memory_gib`, ...) plus `model`: a path inside the version
-directory, or absent for the installed SmolLM2. A model given on the command
-line (no version directory) names its model path freely.
+`kv_cache_memory_gib`, ...) plus `model`: a relative path inside the version
+directory (no absolute path, no `..`, and it must resolve, symlinks
+included, inside it), or absent for the installed SmolLM2. A model given on
+the command line (no version directory) names its model path freely.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from kiln.config import EngineConfig
+from kiln.dataplane.restarts import RestartPolicy
 from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import ConfigError, InvalidRequestError
 from kiln.llm.engine.async_llm import AsyncLLM
@@ -37,6 +39,7 @@ from kiln.serving.repository.config import TensorSpec
 from kiln.serving.types import InferRequest, InferResponse
 
 DEFAULT_MAX_TOKENS = 64
+PATH_OPTIONS = ("model", "draft_model")  # engine options that name files: confined to the version directory
 INPUTS = (
     TensorSpec(name="text_input", datatype="BYTES", dims=(1,)),
     TensorSpec(name="max_tokens", datatype="INT32", dims=(1,), optional=True),
@@ -46,20 +49,29 @@ OUTPUTS = (TensorSpec(name="text_output", datatype="BYTES", dims=(1,)),)
 
 
 def engine_options(parameters: dict[str, Any], version_dir: Path | None) -> dict[str, Any]:
-    """Engine options from config parameters, with `model` resolved inside the version directory."""
+    """Engine options from config parameters, with `model` resolved inside the version directory.
+
+    The messages name the parameter as written, never the host path it resolves to."""
     options = dict(parameters)
-    model = options.pop("model", None)
-    if model is not None and version_dir is not None:
-        path = Path(str(model))
-        if not path.is_absolute():
-            root = version_dir.resolve()
-            path = (root / path).resolve()
-            if root not in path.parents and path != root:
-                raise ConfigError(f"llm parameter model={model!r} leaves the version directory", param="model")
-        model = str(path)
-    if model is not None:
-        options["model"] = str(model)
+    if version_dir is not None:
+        for name in PATH_OPTIONS:
+            if options.get(name) is not None:
+                options[name] = str(_inside_version(name, options[name], version_dir))
     return options
+
+
+def _inside_version(name: str, value: Any, version_dir: Path) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"llm parameter '{name}' must be a relative path inside the version directory", param=name)
+    path = Path(value)
+    if path.is_absolute() or ".." in path.parts:
+        raise ConfigError(f"llm parameter {name}={value!r} must be a relative path inside the version directory "
+                          "(no absolute path, no '..')", param=name)
+    root = version_dir.resolve()
+    resolved = (root / path).resolve()
+    if root not in resolved.parents:
+        raise ConfigError(f"llm parameter {name}={value!r} leaves the version directory", param=name)
+    return resolved
 
 
 class LLMModel(AsyncModel):
@@ -70,11 +82,17 @@ class LLMModel(AsyncModel):
         engine_mode: str = "process",
         max_queued_requests: int | None = None,
         drain_timeout_s: float = 30.0,
+        restart_policy: RestartPolicy | None = None,
+        max_rows: int | None = None,
+        max_tokens_limit: int | None = None,
     ):
         self.families = families
         self.engine_mode = engine_mode
         self.max_queued_requests = max_queued_requests
         self.drain_timeout_s = drain_timeout_s
+        self.restart_policy = restart_policy
+        self.max_rows = max_rows  # prompts one request may carry (max_prompts_per_request)
+        self.max_tokens_limit = max_tokens_limit  # the server's max_tokens_limit, as on the OpenAI routes
         self.served: ServedLLM | None = None
 
     async def load(self, context: LoadContext) -> None:
@@ -86,6 +104,7 @@ class LLMModel(AsyncModel):
             ServerMetrics(self.families, name),
             engine_mode=self.engine_mode,
             max_queued_requests=self.max_queued_requests,
+            restart_policy=self.restart_policy,
         )
         self.served = served
         await served.load()
@@ -103,7 +122,7 @@ class LLMModel(AsyncModel):
     # ---- requests ------------------------------------------------------------
     async def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         engine = self._engine()
-        rows = _rows(request)
+        rows = self._rows(request)
         assert self.served is not None  # _engine() checked it
         self.served.admit(engine, len(rows))
         texts = await asyncio.gather(*(_complete(engine, prompt, params) for prompt, params in rows))
@@ -113,7 +132,7 @@ class LLMModel(AsyncModel):
     def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None] | None:
         if not request.parameters.get("stream"):
             return None
-        rows = _rows(request)
+        rows = self._rows(request)
         if len(rows) != 1:
             raise InvalidRequestError(f"a streamed llm request takes one prompt, got {len(rows)}")
         engine = self._engine()
@@ -130,6 +149,9 @@ class LLMModel(AsyncModel):
                 outputs = {"text_output": _bytes_array([out.delta_text.encode("utf-8")], shape)}
                 yield InferResponse(request.model_name, request.model_version, outputs, id=request.id,
                                     parameters={"triton_final_response": out.finished})
+
+    def _rows(self, request: InferRequest) -> list[tuple[str, SamplingParams]]:
+        return _rows(request, self.max_rows, self.max_tokens_limit)
 
     def _engine(self) -> AsyncLLM:
         if self.served is None:
@@ -148,10 +170,22 @@ def _request_id() -> str:
     return f"kserve-{uuid.uuid4().hex}"
 
 
-def _rows(request: InferRequest) -> list[tuple[str, SamplingParams]]:
+def _rows(
+    request: InferRequest, max_rows: int | None = None, max_tokens_limit: int | None = None
+) -> list[tuple[str, SamplingParams]]:
     """(prompt, sampling params) of every row of the request."""
     prompts = request.inputs["text_input"].reshape(-1)
-    max_tokens = _column(request, "max_tokens", len(prompts), DEFAULT_MAX_TOKENS)
+    if max_rows is not None and len(prompts) > max_rows:
+        raise InvalidRequestError(
+            f"text_input holds {len(prompts)} prompts; this server takes at most {max_rows} per request "
+            "(max_prompts_per_request)", param="text_input")
+    default = min(DEFAULT_MAX_TOKENS, max_tokens_limit) if max_tokens_limit else DEFAULT_MAX_TOKENS
+    max_tokens = _column(request, "max_tokens", len(prompts), default)
+    if not all(isinstance(m, int) for m in max_tokens):  # a float (or NaN) tensor: no silent truncation
+        raise InvalidRequestError("max_tokens must be an integer tensor (INT32, INT64, ...)", param="max_tokens")
+    if max_tokens_limit is not None and any(m > max_tokens_limit for m in max_tokens):
+        raise InvalidRequestError(
+            f"max_tokens exceeds this server's limit of {max_tokens_limit} (max_tokens_limit)", param="max_tokens")
     temperature = _column(request, "temperature", len(prompts), 0.0)
     return [
         (_text(p), SamplingParams(max_tokens=int(m), temperature=float(t)))

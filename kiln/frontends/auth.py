@@ -1,9 +1,11 @@
-"""Optional API key: `Authorization: Bearer <key>`, compared in constant time.
+"""Optional API key: `Authorization: Bearer <key>`, compared in constant time,
+on every transport (this HTTP middleware; kserve/grpc/auth.py for gRPC).
 
 A plain ASGI middleware (streaming responses pass through untouched). Health,
-metrics and version stay open so probes and scrapers need no secret; so do
-the paths the server adds for pages that hold no data (the dashboard's page
-and static files: `open_paths`, `open_prefixes`).
+metrics and version stay open so probes and scrapers need no secret, unless
+the server runs with --protect-health; so do the paths the server adds for
+pages that hold no data (the dashboard's page and static files: `open_paths`,
+`open_prefixes`), even with --protect-health.
 """
 
 from __future__ import annotations
@@ -16,6 +18,14 @@ from kiln.errors import AuthenticationError
 from kiln.frontends.errors import error_response
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/v2/health/live", "/v2/health/ready"})
+UNAUTHORIZED = "missing or invalid API key (expected 'Authorization: Bearer <key>')"
+
+
+def bearer_matches(header: bytes, key: bytes) -> bool:
+    """True if an Authorization header value carries `key` (scheme case-insensitive)."""
+    scheme, _, token = header.partition(b" ")
+    # compare_digest takes time independent of where the bytes differ.
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
 
 
 class ApiKeyMiddleware:
@@ -34,9 +44,7 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or self._open(scope["path"]) or self._authorized(scope):
             await self.app(scope, receive, send)
             return
-        response = error_response(
-            AuthenticationError("missing or invalid API key (expected 'Authorization: Bearer <key>')")
-        )
+        response = error_response(AuthenticationError(UNAUTHORIZED))
         response.headers["WWW-Authenticate"] = "Bearer"
         await response(scope, receive, send)
 
@@ -46,6 +54,4 @@ class ApiKeyMiddleware:
             if name == b"authorization":
                 header = value
                 break
-        scheme, _, token = header.partition(b" ")
-        # compare_digest takes time independent of where the bytes differ.
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        return bearer_matches(header, self.key)

@@ -36,11 +36,20 @@ def error_response(exc: KilnError) -> JSONResponse:
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list"})
 
 
+def _is_type_tag(part: object) -> bool:
+    """A union member's name in an error location ("str", "list[int]", "constrained-str"), not a field."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or any(c in part for c in "[]-"))
+
+
 def invalid_from_pydantic(e: ValidationError) -> InvalidRequestError:
-    """The first validation problem, naming its field."""
-    err = e.errors()[0]
-    # Union members appear in the location ("prompt.str"); the field is what matters.
-    parts = [str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    """The most telling validation problem, naming its field.
+
+    For a union (`prompt: str | list[int] | ...`) every member reports; a
+    broken bound of a member whose type fit ("prompt.0: less than or equal to
+    ...") says more than "not a string", so such errors go first."""
+    errors = e.errors()
+    err = next((x for x in errors if not x["type"].endswith("_type")), errors[0])
+    parts = [str(p) for p in err["loc"] if not _is_type_tag(p)]
     loc = ".".join(parts) or None
     if err["type"] == "extra_forbidden":
         return InvalidRequestError(f"unknown field {loc!r}", param=loc)

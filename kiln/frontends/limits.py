@@ -1,13 +1,26 @@
-"""Reading a request body within the size limit, as one JSON object."""
+"""Reading a request body within the size limit, as one JSON object, and what
+any value in a body may be.
+
+The body is parsed strictly (msgspec: no NaN/Infinity, no lone surrogates)
+and refused past `MAX_JSON_DEPTH` levels of nesting, before any model sees it.
+When the fast parser refuses a body, the lenient one re-reads it only to
+name the field at fault (a lone surrogate, a number out of range).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
+import msgspec
 from fastapi import Request
 
 from kiln.errors import InvalidRequestError
+from kiln.serving.codecs.kserve_http import json_depth
+
+MAX_JSON_DEPTH = 100
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def too_large(size: int | str, limit: int) -> InvalidRequestError:
@@ -28,10 +41,74 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
             raise too_large(f"more than {max_bytes}", max_bytes)
     if not body:
         raise InvalidRequestError("request body is empty; expected a JSON object")
-    try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidRequestError(f"invalid JSON body: {e}") from e
+    obj = parse_json(bytes(body))
     if not isinstance(obj, dict):
         raise InvalidRequestError(f"request body must be a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def parse_json(body: bytes) -> Any:
+    """A JSON document at most MAX_JSON_DEPTH deep (valid UTF-8 text, finite numbers)."""
+    try:
+        value = msgspec.json.decode(body)
+    except RecursionError:
+        raise _too_deep() from None
+    except msgspec.DecodeError as e:
+        _name_the_culprit(body)
+        raise InvalidRequestError(f"invalid JSON body: {e}") from None
+    if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise _too_deep()
+    return value
+
+
+def _too_deep() -> InvalidRequestError:
+    return InvalidRequestError(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})")
+
+
+def _name_the_culprit(body: bytes) -> None:
+    """If the lenient parser reads what the strict one refused, say which value is at fault."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return
+    check_representable(value)
+
+
+def check_representable(value: Any, path: str = "") -> None:
+    """InvalidRequestError naming the first value no downstream layer can carry.
+
+    Iterative (a body nested 100k deep must not exhaust the stack; the JSON
+    reader refuses such bodies first, this is the backstop)."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            _check_text(item, where)
+        elif isinstance(item, bool):
+            continue
+        elif isinstance(item, int):
+            if not INT64_MIN <= item <= INT64_MAX:
+                raise InvalidRequestError(f"{where or 'value'}: integer {item} is outside int64", param=where or None)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidRequestError(f"{where or 'value'}: number must be finite", param=where or None)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                name = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else str(key)
+                child_path = f"{where}.{name}" if where else name
+                if isinstance(key, str):
+                    _check_text(key, child_path)
+                stack.append((child, child_path))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, f"{where}.{i}" if where else str(i)) for i, child in enumerate(item))
+
+
+def _check_text(text: str, where: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError(
+            f"{where or 'value'}: string is not valid UTF-8 text (it holds a lone surrogate)", param=where or None
+        ) from None

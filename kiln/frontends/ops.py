@@ -1,4 +1,5 @@
-"""Operations endpoints: /health, /metrics, /version (open even with an API key)."""
+"""Operations endpoints: /health, /metrics, /version (open even with an API key,
+unless the server runs with --protect-health)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ def ops_router(dataplane: DataPlane) -> APIRouter:
 
     @router.get("/health")
     async def health() -> JSONResponse:
-        """200 when the server is ready (every model loaded, no engine dead, not draining); 503 otherwise."""
+        """200 when the server is ready (every model loaded, no engine dead, not draining); 503 otherwise,
+        with status draining, restarting (an LLM engine died and a new one is starting) or unavailable."""
         ok = dataplane.ready()
-        status = "ok" if ok else ("draining" if dataplane.draining else "unavailable")
-        return JSONResponse({"status": status, "models": dataplane.model_states()}, status_code=200 if ok else 503)
+        states = dataplane.model_states()
+        if ok:
+            status = "ok"
+        elif dataplane.draining:
+            status = "draining"
+        else:
+            status = "restarting" if "restarting" in states.values() else "unavailable"
+        return JSONResponse({"status": status, "models": states}, status_code=200 if ok else 503)
 
     @router.get("/metrics")
     async def metrics() -> Response:

@@ -7,6 +7,10 @@ from kiln.errors import InvalidRequestError
 
 # Upper bounds on what one request may ask for; the server may lower them.
 MAX_LOGPROBS = 20
+# What the engine can represent: seeds seed a torch.Generator (a 64-bit
+# value, signed or not); counts and token ids are int32 on the device.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+INT32_MAX = 2**31 - 1
 
 
 @dataclass
@@ -58,8 +62,10 @@ class SamplingParams:
             bad("temperature", f"must be in [0, 100], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             bad("top_p", f"must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            bad("top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k}")
+        if not 0 <= self.top_k <= INT32_MAX:
+            bad("top_k", f"must be -1, 0 (disabled) or positive up to {INT32_MAX}, got {self.top_k}")
+        if self.seed is not None and not (isinstance(self.seed, int) and SEED_MIN <= self.seed <= SEED_MAX):
+            bad("seed", f"must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed}")
         if not 0.0 <= self.min_p <= 1.0:
             bad("min_p", f"must be in [0, 1], got {self.min_p}")
         if not 0.0 < self.repetition_penalty <= 2.0:
@@ -72,7 +78,9 @@ class SamplingParams:
             bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
             bad("stop", "must be non-empty strings")
-        if any(t < 0 for t in self.stop_token_ids):
+        if not all(is_text(s) for s in self.stop):
+            bad("stop", "must be valid UTF-8 text")
+        if any(not isinstance(t, int) or not 0 <= t <= INT32_MAX for t in self.stop_token_ids):
             bad("stop_token_ids", "must be non-negative token ids")
         for tok, bias in self.logit_bias.items():
             if not -100.0 <= bias <= 100.0:
@@ -89,3 +97,12 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+
+def is_text(s: str) -> bool:
+    """False for a string UTF-8 cannot carry (a lone surrogate)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -5,14 +5,16 @@ version quirks) live in one place.
 """
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from kiln.errors import InvalidRequestError, ModelLoadError
+from kiln.errors import ConfigError, InvalidRequestError, ModelLoadError
 from kiln.llm.models.gguf_loader import open_gguf
 
 
@@ -32,6 +34,13 @@ class Tokenizer:
     def chat_template(self) -> str | None:
         template = self.hf.chat_template
         return template if isinstance(template, str) else None
+
+    def with_chat_template(self, template: str) -> Tokenizer:
+        """This tokenizer with `template` instead of the checkpoint's chat
+        template (a copy: the cached tokenizer others share is left alone)."""
+        hf = copy.copy(self.hf)
+        hf.chat_template = template
+        return Tokenizer(hf, self.source)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
@@ -62,13 +71,38 @@ class Tokenizer:
         return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def load_tokenizer(path: str | Path, chat_template: str | None = None) -> Tokenizer:
     """Load from a HF model directory or a .gguf file (tokenizer in its metadata);
-    cached per (path, mtime), as a GGUF build is slow and a Tokenizer read-only."""
+    cached per (path, mtime), as a GGUF build is slow and a Tokenizer read-only.
+    `chat_template` (a file or the template itself, `--chat-template`)
+    replaces the checkpoint's."""
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"tokenizer path does not exist: {path}")
-    return _load_cached(path.resolve(), path.stat().st_mtime_ns)
+    tokenizer = _load_cached(path.resolve(), path.stat().st_mtime_ns)
+    return tokenizer if chat_template is None else tokenizer.with_chat_template(load_chat_template(chat_template))
+
+
+def load_chat_template(value: str) -> str:
+    """The Jinja chat template `value` names: the text of a file, or `value`
+    itself when it is a template (it contains `{{` or `{%`). ConfigError for a
+    missing file or a template Jinja cannot parse."""
+    is_template = "{{" in value or "{%" in value
+    if not is_template:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"chat_template {value!r} is neither a file nor a Jinja template", param="chat_template"
+            )
+        try:
+            value = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read chat template {path}: {e}", param="chat_template") from e
+    try:
+        ImmutableSandboxedEnvironment().parse(value)
+    except TemplateError as e:
+        raise ConfigError(f"invalid chat template: {e}", param="chat_template") from e
+    return value
 
 
 @functools.lru_cache(maxsize=8)

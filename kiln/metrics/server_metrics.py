@@ -138,6 +138,7 @@ class LLMMetricFamilies:
         )
         self.batch_size = hist("kiln:batch_size", "Sequences per engine step.", BATCH_BUCKETS)
         self.step_duration = hist("kiln:step_duration_seconds", "Duration of one engine step.", STEP_BUCKETS)
+        self.engine_restarts = counter("kiln:engine_restarts", "Times the engine was restarted after it died.")
 
 
 class ServerMetrics:
@@ -155,10 +156,11 @@ class ServerMetrics:
         self.ttft, self.tpot, self.itl = f.ttft.labels(name), f.tpot.labels(name), f.itl.labels(name)
         self.e2e, self.queue_time = f.e2e.labels(name), f.queue_time.labels(name)
         self.batch_size, self.step_duration = f.batch_size.labels(name), f.step_duration.labels(name)
+        self.engine_restarts = f.engine_restarts.labels(name)
         self.success, self.failure = f.success, f.failure
         for reason in SUCCESS_REASONS:
             self.success.labels(name, reason)
-        for reason in ("abort", "engine_dead", "rejected"):
+        for reason in ("abort", "engine_dead", "rejected", "error"):
             self.failure.labels(name, reason)
         # StepStats running total -> the counter it feeds, and its last value.
         self._totals = {
@@ -206,6 +208,14 @@ class ServerMetrics:
 
     def on_failed(self, times: RequestTiming, reason: str) -> None:
         self.failure.labels(self.model_name, reason).inc()
+
+    def on_engine_restarted(self) -> None:
+        """A new engine replaced a dead one: its running totals start again from zero."""
+        self.engine_restarts.inc()
+        self._last_totals = dict.fromkeys(self._totals, 0)
+        self.running.set(0)
+        self.waiting.set(0)
+        self.kv_usage.set(0.0)
 
     def on_rejected(self) -> None:
         """A request refused before reaching the engine (overload)."""

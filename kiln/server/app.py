@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
+import kiln
 from kiln.dataplane.dataplane import DataPlane
 from kiln.frontends.admin import admin_router
 from kiln.frontends.auth import OPEN_PATHS, ApiKeyMiddleware
@@ -31,6 +32,7 @@ from kiln.frontends.ops import ops_router
 from kiln.frontends.web import dashboard
 
 log = logging.getLogger(__name__)
+OPENAPI_PATH = "/openapi.json"
 
 
 def build_app(dataplane: DataPlane, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
@@ -49,12 +51,16 @@ def build_app(dataplane: DataPlane, on_fatal: Callable[[str], None] | None = Non
                 await grpc_server.stop(grace=5)
             await dataplane.shutdown()
 
-    app = FastAPI(title="Kiln", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # The OpenAPI document (every route, every JSON body) is served at /openapi.json,
+    # behind the API key like every route but health, metrics and version.
+    app = FastAPI(title="Kiln", version=kiln.__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=OPENAPI_PATH)
     app.state.dataplane = dataplane
     install_error_handlers(app)
     if dataplane.config.api_key:
+        probes = frozenset() if dataplane.config.protect_health else OPEN_PATHS
         app.add_middleware(ApiKeyMiddleware, api_key=dataplane.config.api_key,
-                           open_paths=OPEN_PATHS | dashboard.OPEN_PATHS, open_prefixes=dashboard.OPEN_PREFIXES)
+                           open_paths=probes | dashboard.OPEN_PATHS, open_prefixes=dashboard.OPEN_PREFIXES)
     app.include_router(ops_router(dataplane))
     app.include_router(dashboard.dashboard_router(dataplane))
     app.mount(dashboard.STATIC_PREFIX, dashboard.static_files(), name="dashboard-static")

@@ -16,6 +16,7 @@ import uvicorn
 
 from kiln.dataplane.dataplane import DataPlane
 from kiln.server.app import build_app
+from kiln.server.http_protocol import HttpLimits, protocol_class
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,10 @@ def serve(dataplane: DataPlane) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=settings.shutdown_timeout,
+        timeout_keep_alive=settings.timeout_keep_alive_s,
+        http=protocol_class(HttpLimits.of(settings)),
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
         access_log=False,
     )
     server = DrainingServer(config, dataplane)

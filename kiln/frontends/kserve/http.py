@@ -21,12 +21,46 @@ from kiln.dataplane.dataplane import DataPlane
 from kiln.dataplane.routed import TARGET_PARAMETER
 from kiln.errors import InvalidRequestError, KilnError
 from kiln.frontends.kserve import documents
+from kiln.frontends.openapi import request_body
 from kiln.frontends.routing import TARGET_HEADER, route_key
 from kiln.serving.codecs.kserve_http import decode_json, encode_infer_response, parse_infer_request
 from kiln.serving.codecs.limits import Limits
 
 log = logging.getLogger("kiln.kserve.http")
 HEADER_LENGTH = "Inference-Header-Content-Length"
+
+# The JSON bodies, for /openapi.json (the codecs check them; binary tensor data
+# after an Inference-Header-Content-Length header is not described).
+_PARAMETERS = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
+INFER_REQUEST_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": _PARAMETERS,
+        "inputs": {"type": "array", "items": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "shape", "datatype"],
+            "properties": {
+                "name": {"type": "string"},
+                "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "datatype": {"type": "string", "enum": ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8",
+                                                        "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BF16",
+                                                        "BYTES"]},
+                "parameters": _PARAMETERS,
+                "data": {},
+            },
+        }},
+        "outputs": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["name"],
+            "properties": {"name": {"type": "string"}, "parameters": _PARAMETERS},
+        }},
+    },
+}
+INDEX_REQUEST_SCHEMA = {"type": "object", "properties": {"ready": {"type": "boolean"}}}
+CONTROL_REQUEST_SCHEMA = {"type": "object", "properties": {"parameters": {"type": "object"}}}
 
 
 def _json(value: Any, status: int = 200) -> Response:
@@ -175,8 +209,8 @@ def kserve_router(dataplane: DataPlane) -> APIRouter:
     async def model_stats(name: str, version: str | None = None):
         return _json(documents.statistics(dataplane.model_statistics(name, _version(version))))
 
-    @router.post("/v2/models/{name}/infer")
-    @router.post("/v2/models/{name}/versions/{version}/infer")
+    @router.post("/v2/models/{name}/infer", openapi_extra=request_body(INFER_REQUEST_SCHEMA))
+    @router.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=request_body(INFER_REQUEST_SCHEMA))
     @_guard
     async def infer(request: Request, name: str, version: str | None = None):
         body = await read_body(request, limits)
@@ -194,20 +228,20 @@ def kserve_router(dataplane: DataPlane) -> APIRouter:
         return Response(payload, media_type="application/octet-stream",
                         headers={HEADER_LENGTH: str(header_length), **headers})
 
-    @router.post("/v2/repository/index")
+    @router.post("/v2/repository/index", openapi_extra=request_body(INDEX_REQUEST_SCHEMA))
     @_guard
     async def repository_index(request: Request):
         doc = await _json_body(request, limits)
         return _json(dataplane.repository_index(bool(doc.get("ready", False))))
 
-    @router.post("/v2/repository/models/{name}/load")
+    @router.post("/v2/repository/models/{name}/load", openapi_extra=request_body(CONTROL_REQUEST_SCHEMA))
     @_guard
     async def load(request: Request, name: str):
         doc = await _json_body(request, limits)
         await dataplane.load_model(name, _parameters(doc))
         return Response(status_code=200)
 
-    @router.post("/v2/repository/models/{name}/unload")
+    @router.post("/v2/repository/models/{name}/unload", openapi_extra=request_body(CONTROL_REQUEST_SCHEMA))
     @_guard
     async def unload(request: Request, name: str):
         doc = await _json_body(request, limits)

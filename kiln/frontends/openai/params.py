@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kiln.errors import InvalidRequestError
 from kiln.frontends.openai.protocol import SamplingFields
+from kiln.llm.generation_defaults import GenerationDefaults
 from kiln.llm.sampling_params import SamplingParams
+
+NO_DEFAULTS = GenerationDefaults()
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, limit: int | None) -> int:
@@ -26,6 +31,16 @@ def check_n(n: int, max_n: int) -> None:
         raise InvalidRequestError(f"n ({n}) exceeds this server's limit of {max_n} (max_n)", param="n")
 
 
+def check_work(num_prompts: int, n: int, limit: int) -> None:
+    """One request runs num_prompts x n engine requests; at most `limit` (max_prompts_per_request)."""
+    if num_prompts * n > limit:
+        raise InvalidRequestError(
+            f"{num_prompts} prompt(s) x n={n} is {num_prompts * n} generations; this server takes at most "
+            f"{limit} per request (max_prompts_per_request)",
+            param="prompt" if num_prompts > 1 else "n",
+        )
+
+
 def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     out = {}
     for key, value in (bias or {}).items():
@@ -36,17 +51,26 @@ def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
-def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
+def _first(*values: Any) -> Any:
+    return next(v for v in values if v is not None)
+
+
+def sampling_params(
+    req: SamplingFields, *, max_tokens: int, logprobs: int | None, choice: int,
+    defaults: GenerationDefaults = NO_DEFAULTS,
+) -> SamplingParams:
     """Choice `i` of a seeded request uses seed + i, so n > 1 gives n different
-    samples and the same request gives the same n samples again."""
+    samples and the same request gives the same n samples again. Fields the
+    request leaves unset take the model's generation_config defaults, then the API's."""
+    d = defaults
     return SamplingParams(
         max_tokens=max_tokens,
         min_tokens=req.min_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or 0,
-        min_p=req.min_p or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        temperature=_first(req.temperature, d.temperature, 1.0),
+        top_p=_first(req.top_p, d.top_p, 1.0),
+        top_k=_first(req.top_k, d.top_k, 0),
+        min_p=_first(req.min_p, d.min_p, 0.0),
+        repetition_penalty=_first(req.repetition_penalty, d.repetition_penalty, 1.0),
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         seed=None if req.seed is None else req.seed + choice,

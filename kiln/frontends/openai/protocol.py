@@ -2,19 +2,43 @@
 
 Unknown fields are rejected (extra="forbid") and types are strict (no "1"
 for 1, no 1 for true), so a typo or an unsupported feature is a 400 naming
-the field, never a silently different answer. Ranges are checked once, by
-SamplingParams; only shapes are checked here.
+the field, never a silently different answer. What any value may be (text,
+int64, finite) and each field's representable range and size come from
+limits.py; sampling ranges are checked once, by SamplingParams.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kiln.frontends.limits import check_representable
+from kiln.frontends.openai.limits import (
+    MAX_CONTENT_PARTS,
+    MAX_MESSAGES,
+    Int32,
+    LogitBias,
+    Logprobs,
+    NonNegativeInt32,
+    PositiveInt32,
+    Prompt,
+    Seed,
+    Stop,
+    StopTokenIds,
+    TokenIds,
+    TopK,
+)
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _representable(cls, data: Any) -> Any:
+        check_representable(data)
+        return data
 
 
 class StreamOptions(Strict):
@@ -25,34 +49,34 @@ class SamplingFields(Strict):
     """Fields shared by completions and chat."""
 
     model: str | None = None  # None: the server's (only) model
-    n: int = 1
+    n: PositiveInt32 = 1
     temperature: float | None = None
     top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: Stop | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias | None = None
     user: str | None = None  # a route's sticky key (unless the x-kiln-route-key header gives one)
     # vLLM extras
-    top_k: int | None = None
+    top_k: TopK | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int = 0
+    min_tokens: NonNegativeInt32 = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: StopTokenIds | None = None
     include_stop_str_in_output: bool = False
-    priority: int = 0
+    priority: Int32 = 0
     # Kiln extra: false opts this request out of speculative decoding
     speculate: bool = True
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: Prompt
+    max_tokens: PositiveInt32 | None = 16
+    logprobs: Logprobs | None = None
 
 
 class TextPart(Strict):
@@ -62,7 +86,7 @@ class TextPart(Strict):
 
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -72,22 +96,22 @@ class ChatMessage(Strict):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None  # deprecated by OpenAI; max_completion_tokens wins
-    max_completion_tokens: int | None = None
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: PositiveInt32 | None = None  # deprecated by OpenAI; max_completion_tokens wins
+    max_completion_tokens: PositiveInt32 | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Logprobs | None = None
     add_generation_prompt: bool = True
 
 
 class TokenizeRequest(Strict):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(Strict):
     model: str | None = None
-    tokens: list[int]
+    tokens: TokenIds

@@ -1,4 +1,5 @@
-"""Routes of the OpenAI-compatible API; the work is in the serving_* modules."""
+"""Routes of the OpenAI-compatible API; the work is in the serving_* modules.
+Each POST route declares its request model for /openapi.json (openapi.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from fastapi.responses import Response
 
 from kiln.dataplane.dataplane import DataPlane
 from kiln.frontends.openai import serving_tokens
+from kiln.frontends.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from kiln.frontends.openai.serving_chat import ChatServing
 from kiln.frontends.openai.serving_completions import CompletionServing
+from kiln.frontends.openapi import request_body
 
 
 def openai_router(dataplane: DataPlane) -> APIRouter:
@@ -19,11 +22,11 @@ def openai_router(dataplane: DataPlane) -> APIRouter:
     chat = ChatServing(dataplane)
     started = int(time.time())
 
-    @router.post("/v1/completions")
+    @router.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def create_completion(request: Request) -> Response:
         return await completions.create(request)
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def create_chat_completion(request: Request) -> Response:
         return await chat.create(request)
 
@@ -31,11 +34,11 @@ def openai_router(dataplane: DataPlane) -> APIRouter:
     async def models() -> dict:
         return serving_tokens.list_models(dataplane, started)
 
-    @router.post("/tokenize")
+    @router.post("/tokenize", openapi_extra=request_body(TokenizeRequest))
     async def tokenize(request: Request) -> dict:
         return await serving_tokens.tokenize(dataplane, request)
 
-    @router.post("/detokenize")
+    @router.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))
     async def detokenize(request: Request) -> dict:
         return await serving_tokens.detokenize(dataplane, request)
 

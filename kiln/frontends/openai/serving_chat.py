@@ -12,7 +12,7 @@ from kiln.errors import InvalidRequestError
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import Usage, finish_fields, new_id, now_s, parse
 from kiln.frontends.openai.logprobs import TokenTexts, chat_logprobs
-from kiln.frontends.openai.params import check_n, resolve_max_tokens, sampling_params
+from kiln.frontends.openai.params import check_n, check_work, resolve_max_tokens, sampling_params
 from kiln.frontends.openai.protocol import ChatCompletionRequest, ChatMessage
 from kiln.frontends.openai.streaming import stream_events
 from kiln.frontends.openai.streams import (
@@ -67,11 +67,14 @@ class ChatServing:
         settings = self.dataplane.config
         engine = served.ready_engine()
         check_n(req.n, settings.max_n)
+        check_work(1, req.n, settings.max_prompts_per_request)
         ids = chat_prompt_ids(engine.tokenizer, req.messages, req.add_generation_prompt)
         wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(wanted, len(ids), engine.max_model_len, settings.max_tokens_limit)
         logprobs = chat_logprobs_count(req)
-        params = [[sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, choice=i) for i in range(req.n)]]
+        params = [[sampling_params(
+            req, max_tokens=max_tokens, logprobs=logprobs, choice=i, defaults=engine.generation_defaults,
+        ) for i in range(req.n)]]
         served.admit(engine, req.n)
         group_id = new_id("chatcmpl")
         streams = submit_group(engine, group_id, [ids], params, req.priority)

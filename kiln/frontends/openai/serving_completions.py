@@ -12,7 +12,7 @@ from kiln.errors import InvalidRequestError
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import Usage, finish_fields, new_id, now_s, parse
 from kiln.frontends.openai.logprobs import TokenTexts, completion_logprobs
-from kiln.frontends.openai.params import check_n, resolve_max_tokens, sampling_params
+from kiln.frontends.openai.params import check_n, check_work, resolve_max_tokens, sampling_params
 from kiln.frontends.openai.protocol import CompletionRequest
 from kiln.frontends.openai.streaming import stream_events
 from kiln.frontends.openai.streams import (
@@ -58,7 +58,9 @@ class CompletionServing:
         settings = self.dataplane.config
         engine = served.ready_engine()
         check_n(req.n, settings.max_n)
-        prompts = [engine.inputs.tokenize(p)[1] for p in split_prompts(req.prompt)]
+        texts = split_prompts(req.prompt)
+        check_work(len(texts), req.n, settings.max_prompts_per_request)  # before any tokenizing
+        prompts = [engine.inputs.tokenize(p)[1] for p in texts]
         params = [
             [
                 sampling_params(
@@ -68,6 +70,7 @@ class CompletionServing:
                     ),
                     logprobs=req.logprobs,
                     choice=i,
+                    defaults=engine.generation_defaults,
                 )
                 for i in range(req.n)
             ]

@@ -73,7 +73,7 @@ def dashboard_document(dataplane: DataPlane, live: LiveStats) -> dict[str, Any]:
             "draining": dataplane.draining,
             "auth": dataplane.config.api_key is not None,
             "price_per_hour_usd": dataplane.config.price_per_hour,
-            "model_control": True,
+            "model_control": dataplane.config.model_control == "explicit",  # load/unload buttons
         },
         "models": models,
         "chat_models": dataplane.llm_names() + dataplane.llm_route_names(),

@@ -11,9 +11,9 @@ event loop; the client's background thread only hands results over with
         print(out.delta_text)
 
 Invariant: a request id is in `_streams` from `add_request` until its
-finished output was queued, it was aborted, or the engine died; exactly one
-of those ends it, and each ends the stream (an abort silently, death with
-EngineDeadError).
+finished output was queued, it was aborted, it failed in the engine, or the
+engine died; exactly one of those ends it, and each ends the stream (an
+abort silently, a failure with RequestFailedError, death with EngineDeadError).
 """
 
 from __future__ import annotations
@@ -27,15 +27,16 @@ from pathlib import Path
 from typing import Protocol
 
 from kiln.config import EngineConfig
-from kiln.errors import EngineDeadError, InvalidRequestError, KilnError
+from kiln.errors import EngineDeadError, InvalidRequestError, KilnError, RequestFailedError
 from kiln.llm.engine.core_client import EngineCoreClient, ProcessEngineClient, ThreadEngineClient
 from kiln.llm.engine.input_processor import InputProcessor, Prompt
 from kiln.llm.engine.messages import EngineStats, Ready, StepResult
 from kiln.llm.engine.output_processor import OutputProcessor
+from kiln.llm.generation_defaults import GenerationDefaults, load_generation_defaults
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
-from kiln.llm.tokenizer import Tokenizer, load_tokenizer
+from kiln.llm.tokenizer import Tokenizer, load_chat_template, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class AsyncLLM:
     # Set by `start`, the only way to get an AsyncLLM that takes requests.
     info: Ready
     tokenizer: Tokenizer
+    generation_defaults: GenerationDefaults
     inputs: InputProcessor
     outputs: OutputProcessor
 
@@ -112,6 +114,7 @@ class AsyncLLM:
         self._streams: dict[str, RequestStream] = {}
         self._times: dict[str, RequestTimes] = {}
         self._pending: set[str] = set()  # added, no token yet
+        self._dead = asyncio.Event()
 
     # ---- life cycle ----------------------------------------------------------
     @classmethod
@@ -148,8 +151,12 @@ class AsyncLLM:
                 tokenizer = None  # the engine's model has its tokenizer elsewhere
         if tokenizer is None:
             tokenizer = await loop.run_in_executor(None, load_tokenizer, info.tokenizer_path)
+        template = self.client.config.model.chat_template
+        if template is not None:
+            tokenizer = tokenizer.with_chat_template(load_chat_template(template))
         self.info, self.tokenizer = info, tokenizer
-        self.inputs = InputProcessor(tokenizer, info.max_model_len, info.vocab_size)
+        self.generation_defaults = load_generation_defaults(info.tokenizer_path)
+        self.inputs = InputProcessor(tokenizer, info.max_model_len, info.vocab_size, tuple(info.eos_token_ids))
         self.outputs = OutputProcessor(tokenizer)
 
     async def shutdown(self) -> None:
@@ -163,6 +170,11 @@ class AsyncLLM:
     @property
     def is_dead(self) -> bool:
         return self.dead_message is not None
+
+    async def wait_dead(self) -> str:
+        """Returns (with the reason) once the engine has died."""
+        await self._dead.wait()
+        return self.dead_message or "unknown"
 
     @property
     def num_pending(self) -> int:
@@ -187,12 +199,12 @@ class AsyncLLM:
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         text, msg = self.inputs.process(request_id, prompt, params, priority)
+        self.client.add_request(msg)  # first: it raises for a request the engine wire cannot carry
         stream = RequestStream(request_id, self.abort)
         self._streams[request_id] = stream
         self._times[request_id] = RequestTimes(time.monotonic(), len(msg.prompt_token_ids))
         self._pending.add(request_id)
         self.outputs.add(request_id, text, msg.prompt_token_ids, params)
-        self.client.add_request(msg)
         return stream
 
     async def generate(
@@ -218,8 +230,14 @@ class AsyncLLM:
             self.latest_stats = result.outputs.stats
         if self.observer:
             self.observer.on_step(result.outputs.stats, result.queue_times.values())
+        engine_outputs = []
+        for engine_out in result.outputs.outputs:
+            if engine_out.error is not None:
+                self._fail_in_engine(engine_out.request_id, engine_out.error)
+            else:
+                engine_outputs.append(engine_out)
         try:
-            outputs, to_abort = self.outputs.process(result.outputs.outputs)
+            outputs, to_abort = self.outputs.process(engine_outputs)
         except Exception as e:
             log.exception("output processing failed")
             self._fail([o.request_id for o in result.outputs.outputs], KilnError(f"output processing failed: {e}"))
@@ -235,6 +253,18 @@ class AsyncLLM:
             if stream is not None:
                 self.abort(rid)
                 stream.put(error)
+
+    def _fail_in_engine(self, request_id: str, message: str) -> None:
+        """The engine ended this request with an error (it is already gone there)."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        self._pending.discard(request_id)
+        self.outputs.drop(request_id)
+        times = self._times.pop(request_id)
+        if self.observer:
+            self.observer.on_failed(times, "error")
+        stream.put(RequestFailedError(f"the request failed in the engine: {message}"))
 
     def _deliver(self, out: RequestOutput, now: float) -> None:
         stream = self._streams.get(out.request_id)
@@ -257,6 +287,7 @@ class AsyncLLM:
 
     def _on_dead(self, message: str) -> None:
         self.dead_message = message
+        self._dead.set()
         error = EngineDeadError(f"the engine died: {message}")
         for rid, stream in list(self._streams.items()):
             stream.put(error)

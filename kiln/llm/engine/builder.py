@@ -12,6 +12,7 @@ from kiln.errors import ConfigError
 from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
 from kiln.llm.engine.loop import memory_bytes
+from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.dtype_choice import checkpoint_dtype, choose_dtype
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
-    model = LlamaModel(checkpoint.arch, max_positions=max_model_len)
+    model = registry.build_model(checkpoint.arch, max_model_len)
     model.load_weights(checkpoint.weights, checkpoint.source)
     return finish_model(model, config)
 

@@ -7,6 +7,12 @@ Both clients have one interface:
 thread; the caller hops to its own event loop. `on_dead` is called at most
 once, and never after `shutdown()` began.
 `add_request` / `abort` never block on the engine: they go through a queue.
+
+A request is encoded for the wire when it is added, on the caller's thread:
+one the wire cannot carry (an integer past 64 bits, a lone surrogate) raises
+InvalidRequestError there, for that request alone. The writer thread only
+moves bytes, and any failure of its pipe is reported as the engine's death,
+never a silent stop that would leave every later request waiting.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+import msgspec
+
 from kiln.config import EngineConfig
-from kiln.errors import EngineDeadError, KilnError
+from kiln.errors import EngineDeadError, InvalidRequestError, KilnError
 from kiln.llm.engine.loop import EngineLoop, ready_message
 from kiln.llm.engine.messages import (
     Abort,
@@ -51,17 +59,24 @@ class EngineCoreClient(abc.ABC):
         self.config = config
         self.info: Ready | None = None
         self.closing = False
-        self._outgoing: queue.Queue[ToEngine | None] = queue.Queue()
+        self._outgoing: queue.Queue[ToEngine | bytes | None] = queue.Queue()
         self._on_dead: OnDead = lambda message: None
         self._dead_lock = threading.Lock()
         self._dead_reported = False
 
     def add_request(self, msg: EngineCoreRequest) -> None:
-        self._outgoing.put(AddRequest(msg))
+        """Queue a request for the engine; InvalidRequestError if the wire cannot carry it."""
+        add = AddRequest(msg)
+        self._send(add, wire_frame(add))
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:
-            self._outgoing.put(Abort(list(request_ids)))
+            abort = Abort(list(request_ids))
+            self._send(abort, wire_frame(abort))
+
+    def _send(self, msg: ToEngine, frame: bytes) -> None:
+        """Queue one message: the object (in-process) or its frame (a pipe)."""
+        self._outgoing.put(msg)
 
     def _report_dead(self, message: str) -> None:
         with self._dead_lock:
@@ -95,6 +110,9 @@ class ProcessEngineClient(EngineCoreClient):
     @property
     def engine_pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    def _send(self, msg: ToEngine, frame: bytes) -> None:
+        self._outgoing.put(frame)
 
     def start(self, on_result: OnResult, on_dead: OnDead) -> Ready:
         self._on_dead = on_dead
@@ -139,9 +157,14 @@ class ProcessEngineClient(EngineCoreClient):
 
     def _receive(self, from_engine: Connection) -> FromEngine:
         try:
-            return from_engine_decoder.decode(from_engine.recv_bytes())
+            frame = from_engine.recv_bytes()
         except (EOFError, OSError):
             return Failed(f"engine process exited (code {self._exit_code()})")
+        try:
+            return from_engine_decoder.decode(frame)
+        except Exception as e:  # noqa: BLE001 - a garbled pipe: the engine cannot be trusted any more
+            self._kill()
+            return Failed(f"unreadable message from the engine ({type(e).__name__}: {e})")
 
     def _exit_code(self) -> int | None:
         proc = self.proc
@@ -157,7 +180,14 @@ class ProcessEngineClient(EngineCoreClient):
         while True:
             msg = self._receive(from_engine)
             if isinstance(msg, StepResult):
-                on_result(msg)
+                try:
+                    on_result(msg)
+                except Exception as e:  # noqa: BLE001 - e.g. the event loop closed under us
+                    if not self.closing:
+                        log.exception("engine reader: handing over a result failed")
+                        self._kill()
+                        self._report_dead(f"engine results cannot be delivered: {type(e).__name__}: {e}")
+                    return
             elif isinstance(msg, Failed):
                 self._report_dead(msg.message)
                 self._exit_code()  # the engine exits after Failed: reap it (no zombie)
@@ -165,20 +195,22 @@ class ProcessEngineClient(EngineCoreClient):
 
     def _write_loop(self, to_engine: Connection) -> None:
         while True:
-            msg = self._outgoing.get()
-            if msg is None:
+            frame = self._outgoing.get()
+            if frame is None:
                 return
             try:
-                to_engine.send_bytes(encoder.encode(msg))
-            except OSError as e:
-                self._report_dead(f"cannot reach the engine process: {e}")
+                assert isinstance(frame, bytes)  # this client queues frames only (_send)
+                to_engine.send_bytes(frame)
+            except Exception as e:  # noqa: BLE001 - a frame may be half written: the pipe is lost
+                self._kill()
+                self._report_dead(f"cannot reach the engine process: {type(e).__name__}: {e}")
                 return
 
     def shutdown(self) -> None:
         self.closing = True
         if self.proc is None:
             return
-        self._outgoing.put(Shutdown())
+        self._outgoing.put(encoder.encode(Shutdown()))
         self._outgoing.put(None)
         try:
             self.proc.wait(timeout=self.shutdown_timeout_s)
@@ -216,14 +248,15 @@ class ThreadEngineClient(EngineCoreClient):
         return info
 
     def _inbox(self, timeout: float) -> list[ToEngine]:
-        taken: list[ToEngine | None] = []
+        taken: list[ToEngine | bytes | None] = []
         try:
             taken.append(self._outgoing.get(timeout=timeout) if timeout > 0 else self._outgoing.get_nowait())
             while True:
                 taken.append(self._outgoing.get_nowait())
         except queue.Empty:
             pass
-        return [msg for msg in taken if msg is not None]  # None only stops a process client's writer
+        # None only stops a process client's writer; bytes are a process client's frames.
+        return [msg for msg in taken if isinstance(msg, (AddRequest, Abort, Shutdown))]
 
     def _run(self, loop: EngineLoop) -> None:
         try:
@@ -241,3 +274,11 @@ class ThreadEngineClient(EngineCoreClient):
         self._outgoing.put(Shutdown())
         if self._thread is not None:
             self._thread.join(timeout=30)
+
+
+def wire_frame(msg: ToEngine) -> bytes:
+    """The message as the engine process reads it (the in-process mode checks it the same way)."""
+    try:
+        return encoder.encode(msg)
+    except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as e:
+        raise InvalidRequestError(f"the request cannot be sent to the engine: {e}") from None

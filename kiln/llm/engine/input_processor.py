@@ -5,22 +5,29 @@ import time
 
 from kiln.errors import InvalidRequestError, PromptTooLongError
 from kiln.llm.engine.messages import EngineCoreRequest
-from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.sampling_params import SamplingParams, is_text
 from kiln.llm.tokenizer import Tokenizer
 
 Prompt = str | list[int]
+PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Tokenizer, max_model_len: int, vocab_size: int):
+    def __init__(
+        self, tokenizer: Tokenizer, max_model_len: int, vocab_size: int, model_eos_ids: tuple[int, ...] = ()
+    ):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        # The tokenizer's end-of-sequence token and the checkpoint's (generation_config.json, GGUF eot).
+        self.eos_token_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *model_eos_ids)))
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if prompt == "":
                 raise InvalidRequestError("prompt must not be empty", param="prompt")
+            if not is_text(prompt):
+                raise InvalidRequestError("prompt is not valid UTF-8 text (it holds a lone surrogate)", param="prompt")
             return prompt, self.tokenizer.encode(prompt)
         ids = list(prompt)
         if not ids:
@@ -38,11 +45,18 @@ class InputProcessor:
         bad_bias = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
         if bad_bias:
             raise InvalidRequestError(f"logit_bias token ids out of range: {bad_bias[:3]}", param="logit_bias")
+        bad_stops = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad_stops:
+            raise InvalidRequestError(
+                f"stop_token_ids must be in [0, {self.vocab_size}); got {bad_stops[:3]}", param="stop_token_ids"
+            )
+        if not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise InvalidRequestError(f"priority must be a 64-bit integer, got {priority}", param="priority")
         msg = EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=ids,
             sampling_params=params,
-            eos_token_ids=tuple(self.tokenizer.eos_token_ids),
+            eos_token_ids=self.eos_token_ids,
             priority=priority,
             arrival_time=time.monotonic(),
         )

@@ -23,9 +23,9 @@ class LLMEngine:
         self.core, checkpoint = build_engine_core(config, checkpoint)
         self.arch = checkpoint.arch
         self.model_path = checkpoint.source
-        self.tokenizer = load_tokenizer(checkpoint.tokenizer_path)
+        self.tokenizer = load_tokenizer(checkpoint.tokenizer_path, config.model.chat_template)
         self.max_model_len = self.core.max_model_len
-        self.inputs = InputProcessor(self.tokenizer, self.max_model_len, self.arch.vocab_size)
+        self.inputs = InputProcessor(self.tokenizer, self.max_model_len, self.arch.vocab_size, self.arch.eos_token_ids)
         self.outputs = OutputProcessor(self.tokenizer)
         self.last_stats: EngineStats | None = None
 

@@ -5,6 +5,7 @@ from a pipe, the in-process mode (core_client.ThreadEngineClient) from a queue.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 from kiln.llm.engine.messages import (
     Abort,
     AddRequest,
+    EngineCoreOutput,
     EngineCoreOutputs,
     Ready,
     Shutdown,
@@ -23,6 +25,8 @@ from kiln.llm.engine.messages import (
 if TYPE_CHECKING:  # the API process imports this module, and never the model code
     from kiln.llm.engine.core import EngineCore
     from kiln.llm.models.checkpoint import Checkpoint
+
+log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.5  # how long an idle engine blocks on its inbox before re-checking its parent
 
@@ -61,11 +65,19 @@ class EngineLoop:
                 self.send(StepResult(EngineCoreOutputs([], self.core.stats())))
 
     def handle(self, messages: list[ToEngine]) -> bool:
-        """Apply inbox messages; True if any abort was applied."""
+        """Apply inbox messages; True if any abort was applied (or a request
+        was refused: either way blocks or a request changed without a step)."""
         aborted = False
+        refused: list[EngineCoreOutput] = []
         for msg in messages:
             if isinstance(msg, AddRequest):
-                self.core.add_request(msg.request)
+                try:
+                    self.core.add_request(msg.request)
+                except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
+                    log.warning("request %s refused by the engine: %s", msg.request.request_id, e)
+                    refused.append(EngineCoreOutput(msg.request.request_id, [], finish_reason="error",
+                                                    error=f"{type(e).__name__}: {e}"))
+                    continue
                 self.unscheduled[msg.request.request_id] = msg.request.arrival_time or time.monotonic()
             elif isinstance(msg, Abort):
                 self.core.abort_requests(msg.request_ids)
@@ -74,6 +86,8 @@ class EngineLoop:
                 aborted = True
             elif isinstance(msg, Shutdown):
                 self.stopped = True
+        if refused:
+            self.send(StepResult(EngineCoreOutputs(refused, self.core.stats())))
         return aborted
 
     def step(self) -> None:
@@ -107,6 +121,7 @@ def ready_message(core: EngineCore, checkpoint: Checkpoint) -> Ready:
         pid=os.getpid(),
         worker_pids=core.runner.worker_pids,
         dtype=core.config.model.dtype,
+        eos_token_ids=list(checkpoint.arch.eos_token_ids),
         **memory_bytes(core.runner),
     )
 

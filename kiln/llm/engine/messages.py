@@ -33,10 +33,11 @@ class EngineCoreOutput(msgspec.Struct):
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" (then `error` says why)
     stop_token_id: int | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    error: str | None = None  # this request failed in the engine; the engine goes on
 
 
 class EngineStats(msgspec.Struct):
@@ -87,6 +88,8 @@ class Ready(msgspec.Struct, tag="ready"):
     block_size: int
     pid: int
     worker_pids: list[int] = []  # tensor/pipeline-parallel worker processes this engine spawned
+    # Stop tokens of the checkpoint (config.json, generation_config.json, GGUF eos/eot) beyond the tokenizer's.
+    eos_token_ids: list[int] = []
     # Memory this process holds (0: not known, e.g. with tensor/pipeline parallelism).
     weights_bytes: int = 0
     kv_cache_bytes: int = 0

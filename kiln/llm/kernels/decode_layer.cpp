@@ -13,11 +13,17 @@
 // A projection is given as the tensors its Linear module holds: [w] fp32 or
 // bf16 (the model's dtype: x, the norms and the outputs are in it too),
 // [w int8, scales fp32] or [codes uint8, scale_min fp16] (int4, with its
-// group size; fp32 models only).
+// group size; fp32 models only). The families with Llama's layer plus small variations pass
+// them too: a q|k|v bias added after the projection (Qwen2), RMSNorm over
+// each head of q and k before rope (Qwen3), rope on the first `rotary_dim`
+// dims of a head only (Phi-4-mini; 0: all), a sliding window (Mistral, Phi-3).
+// (kiln/llm/models/fused_decode.py passes bias, q/k norms and partial rope
+// for fp32 models only.)
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "kernels.h"
@@ -37,28 +43,41 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorLis
                         const at::Tensor& post_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
                         const at::Tensor& kv_cache, const at::Tensor& slot_mapping, at::TensorList block_tables,
                         at::TensorList context_lens, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
-                        int64_t head_dim) {
+                        int64_t head_dim, const std::optional<at::Tensor>& qkv_bias,
+                        const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+                        int64_t rotary_dim, int64_t window) {
   TORCH_CHECK(block_tables.size() == context_lens.size(), "decode_layer: one block table per decode group");
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "decode_layer: q_norm and k_norm come together");
   const int64_t T = x.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-  const at::Tensor qkv = project(kiln::rms_norm(x, input_norm, eps), qkv_w, group_size);
-  const at::Tensor q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
-  const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
+  at::Tensor qkv = project(kiln::rms_norm(x, input_norm, eps), qkv_w, group_size);
+  if (qkv_bias.has_value()) qkv = qkv + *qkv_bias;
+  at::Tensor q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
+  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
-  kiln::rotary_(q, k, cos, sin);
+  if (q_norm.has_value()) {
+    q = kiln::rms_norm(q.reshape({-1, head_dim}), *q_norm, eps).view({T, num_heads, head_dim});
+    k = kiln::rms_norm(k.reshape({-1, head_dim}), *k_norm, eps).view({T, num_kv_heads, head_dim});
+  }
+  if (rotary_dim > 0 && rotary_dim < head_dim) {
+    kiln::rotary_(q.narrow(2, 0, rotary_dim), k.narrow(2, 0, rotary_dim), cos, sin);
+  } else {
+    kiln::rotary_(q, k, cos, sin);
+  }
   const at::Tensor k_pool = kv_cache.select(0, 0), v_pool = kv_cache.select(0, 1);
   k_pool.index_copy_(0, slot_mapping, k.to(k_pool.scalar_type()));  // a no-op view for an fp32 pool
   v_pool.index_copy_(0, slot_mapping, v.to(v_pool.scalar_type()));
   const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim**-0.5
   at::Tensor attn;
   if (block_tables.size() == 1) {
-    attn = kiln::paged_decode_attention(q, k_pool, v_pool, block_tables[0], context_lens[0], block_size, scale);
+    attn = kiln::paged_decode_attention(q, k_pool, v_pool, block_tables[0], context_lens[0], block_size, scale,
+                                        window);
   } else {
     attn = at::empty_like(q);
     int64_t row = 0;
     for (size_t g = 0; g < block_tables.size(); ++g) {
       const int64_t rows = block_tables[g].size(0);
-      attn.narrow(0, row, rows).copy_(kiln::paged_decode_attention(q.narrow(0, row, rows), k_pool, v_pool,
-                                                                   block_tables[g], context_lens[g], block_size, scale));
+      attn.narrow(0, row, rows).copy_(kiln::paged_decode_attention(
+          q.narrow(0, row, rows), k_pool, v_pool, block_tables[g], context_lens[g], block_size, scale, window));
       row += rows;
     }
     TORCH_CHECK(row == T, "decode_layer: decode groups must cover every row");
@@ -75,6 +94,7 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "decode_layer(Tensor x, Tensor[] qkv_w, Tensor[] o_w, Tensor[] gate_up_w, Tensor[] down_w, int group_size, "
       "Tensor input_norm, Tensor post_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) kv_cache, "
       "Tensor slot_mapping, Tensor[] block_tables, Tensor[] context_lens, int block_size, int num_heads, "
-      "int num_kv_heads, int head_dim) -> Tensor");
+      "int num_kv_heads, int head_dim, Tensor? qkv_bias=None, Tensor? q_norm=None, Tensor? k_norm=None, "
+      "int rotary_dim=0, int window=0) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("decode_layer", decode_layer); }

@@ -152,21 +152,38 @@ void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos_in, const at::Ten
   });
 }
 
-// silu(g) with sigmoid(g) from e = exp(-|g|): 1/(1+e) for g >= 0, e/(1+e) below.
-inline __m256 silu8(__m256 g) {
+// sigmoid(u) from e = exp(-|u|): 1/(1+e) for u >= 0, e/(1+e) below.
+inline __m256 sigmoid8(__m256 u) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_and_ps(g, abs_mask)));
-  const __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, g);  // sign bit of g picks e
-  return _mm256_mul_ps(g, _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+  const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_and_ps(u, abs_mask)));
+  const __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, u);  // sign bit of u picks e
+  return _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-// gate_up [T, 2I] (gate | up) -> silu(gate) * up [T, I]. In bf16, silu(gate)
-// is rounded before the multiply, as torch's F.silu(gate) * up rounds it.
-at::Tensor silu_mul(const at::Tensor& gu_in) {
+inline __m256 silu8(__m256 g) { return _mm256_mul_ps(g, sigmoid8(g)); }
+
+inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+// GELU, tanh approximation: 0.5 g (1 + tanh(z)) = g sigmoid(2z), z = sqrt(2/pi) (g + 0.044715 g^3).
+inline __m256 gelu_tanh8(__m256 g) {
+  const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+  const __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
+  return _mm256_mul_ps(g, sigmoid8(_mm256_add_ps(z, z)));
+}
+
+inline float gelu_tanh(float g) {
+  return 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+// gate_up [T, 2I] (gate | up) -> act(gate) * up [T, I], act vectorized by Vec,
+// the tail by Scalar. In bf16, act(gate) is rounded before the multiply, as
+// torch's act(gate) * up rounds it.
+template <typename Vec, typename Scalar>
+at::Tensor gated_mul(const at::Tensor& gu_in, const char* name, Vec act8, Scalar act) {
   const at::Tensor gu = gu_in.contiguous();
-  check_rows(gu, "silu_mul");
+  check_rows(gu, name);
   const int64_t T = gu.size(0), I = gu.size(1) / 2;
-  TORCH_CHECK(gu.size(1) == 2 * I, "silu_mul: even width required");
+  TORCH_CHECK(gu.size(1) == 2 * I, name, ": even width required");
   at::Tensor out = at::empty({T, I}, gu.options());
   by_dtype(gu, [&]<typename X>() {
     const X* gp = gu.const_data_ptr<X>();
@@ -176,17 +193,19 @@ at::Tensor silu_mul(const at::Tensor& gu_in) {
         const X *g = gp + t * 2 * I, *u = g + I;
         X* o = op + t * I;
         int64_t i = 0;
-        for (; i + 8 <= I; i += 8)
-          store8f(o + i, _mm256_mul_ps(round_as<X>(silu8(load8(g + i))), load8(u + i)));
-        for (; i < I; ++i) {
-          const float gf = static_cast<float>(g[i]);
-          o[i] = static_cast<X>(round_as<X>(gf / (1.0f + std::exp(-gf))) * static_cast<float>(u[i]));
-        }
+        for (; i + 8 <= I; i += 8) store8f(o + i, _mm256_mul_ps(round_as<X>(act8(load8(g + i))), load8(u + i)));
+        for (; i < I; ++i) o[i] = static_cast<X>(round_as<X>(act(static_cast<float>(g[i]))) * static_cast<float>(u[i]));
       }
     });
   });
   return out;
 }
+
+// gate_up [T, 2I] (gate | up) -> silu(gate) * up [T, I].
+at::Tensor silu_mul(const at::Tensor& gu) { return gated_mul(gu, "silu_mul", silu8, silu); }
+
+// gate_up [T, 2I] (gate | up) -> gelu_tanh(gate) * up [T, I] (Gemma's GeGLU).
+at::Tensor gelu_tanh_mul(const at::Tensor& gu) { return gated_mul(gu, "gelu_tanh_mul", gelu_tanh8, gelu_tanh); }
 
 }  // namespace
 
@@ -198,6 +217,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 }
 void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& sin) { ::rotary_(q, k, cos, sin); }
 at::Tensor silu_mul(const at::Tensor& gate_up) { return ::silu_mul(gate_up); }
+at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) { return ::gelu_tanh_mul(gate_up); }
 }  // namespace kiln
 
 
@@ -206,10 +226,12 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rotary_", rotary_);
   m.impl("silu_mul", silu_mul);
+  m.impl("gelu_tanh_mul", gelu_tanh_mul);
 }

@@ -171,13 +171,15 @@ ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16)
 
 def paged_decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, block_size: int,
+    context_lens: torch.Tensor, block_size: int, scale: float | None = None, window: int = 0,
+    softcap: float | None = None,
 ) -> torch.Tensor | None:
     """Decode attention read in place from the paged pool (q [B, H, D] fp32,
     bf16 or fp16; pools [slots, KVH, D] fp32, fp16 or bf16) -> [B, H, D] in
     q's dtype, or None when the kernel does not apply (library absent, not
     CPU, other dtypes, head_dim not a multiple of 16, or more than 8 query
-    heads per kv head)."""
+    heads per kv head). `scale` defaults to head_dim ** -0.5; `window` > 0
+    reads only each row's last `window` keys; `softcap` soft-caps the scores."""
     heads, kv_heads, head_dim = q.shape[1], k_pool.shape[1], q.shape[2]
     if (
         q.dtype not in FLOAT_DTYPES
@@ -190,7 +192,8 @@ def paged_decode_attention(
     ):
         return None
     return torch.ops.kiln.paged_decode_attention(
-        q, k_pool, v_pool, block_tables, context_lens, block_size, head_dim**-0.5
+        q, k_pool, v_pool, block_tables, context_lens, block_size, head_dim**-0.5 if scale is None else scale,
+        window, softcap or 0.0,
     )
 
 
@@ -260,3 +263,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     if gate_up.dim() != 2 or not _one_kernel_dtype(gate_up):
         return None
     return torch.ops.kiln.silu_mul(gate_up)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """gelu_tanh(gate) * up for gate_up [T, 2I] = gate | up (fp32 or bf16 CPU), or None."""
+    if gate_up.dim() != 2 or not _one_kernel_dtype(gate_up):
+        return None
+    return torch.ops.kiln.gelu_tanh_mul(gate_up)

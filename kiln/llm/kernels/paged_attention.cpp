@@ -10,13 +10,15 @@
 // streams its keys once for all query heads (GQA groups share a key), then
 // its values once: the pool is read exactly once per layer.
 // Work per pair depends only on that sequence, so results do not depend on
-// what else is in the batch.
+// what else is in the batch. A sliding window (`window` > 0) starts the
+// keys at context_len - window; `softcap` > 0 soft-caps the scores (Gemma 2).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -63,13 +65,15 @@ void softmax(float* s, int64_t n) {
 // element is the same chain of FMAs over t in order, whatever the batch or
 // the thread split.
 template <int G, typename KV>
-void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t ctx, int64_t block_size,
-            int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, std::vector<float>& scores, float* out) {
-  const int64_t nh = (g1 - g0) * G;  // scores row h = (g - g0) * G + j
+void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
+            int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, float softcap,
+            std::vector<float>& scores, float* out) {
+  // Keys first..end-1 (first > 0 under a sliding window); score column t - first.
+  const int64_t nh = (g1 - g0) * G, ctx = end - first;  // scores row h = (g - g0) * G + j
   scores.resize(nh * ctx);
-  for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
-    const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, ctx - t0);
-    for (int64_t i = 0; i < n; ++i) {
+  for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
+    const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
+    for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
       const int64_t row = (base + i) * KVH;
       for (int64_t off = g0 * D * sizeof(KV); off < g1 * D * sizeof(KV); off += 64)
         _mm_prefetch(reinterpret_cast<const char*>(vp + row * D) + off, _MM_HINT_T1);
@@ -82,7 +86,10 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, in
           const __m256 kv = load8(key + d);
           for (int j = 0; j < G; ++j) dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), kv, dots[j]);
         }
-        for (int j = 0; j < G; ++j) scores[((g - g0) * G + j) * ctx + t0 + i] = hsum(dots[j]) * scale;
+        for (int j = 0; j < G; ++j) {
+          const float score = hsum(dots[j]) * scale;  // soft-capped as transformers does: cap * tanh(s / cap)
+          scores[((g - g0) * G + j) * ctx + t0 + i - first] = softcap > 0 ? std::tanh(score / softcap) * softcap : score;
+        }
       }
     }
   }
@@ -92,13 +99,13 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, in
     for (int64_t d = 0; d < D; d += 16) {
       __m256 acc[G][2];
       for (int j = 0; j < G; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-      for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
-        const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, ctx - t0);
-        for (int64_t i = 0; i < n; ++i) {
+      for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
+        const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
+        for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
           const KV* value = vp + ((base + i) * KVH + g) * D + d;
           const __m256 v0 = load8(value), v1 = load8(value + 8);
           for (int j = 0; j < G; ++j) {
-            const __m256 p = _mm256_broadcast_ss(sg + j * ctx + t0 + i);
+            const __m256 p = _mm256_broadcast_ss(sg + j * ctx + t0 + i - first);
             acc[j][0] = _mm256_fmadd_ps(p, v0, acc[j][0]);
             acc[j][1] = _mm256_fmadd_ps(p, v1, acc[j][1]);
           }
@@ -114,7 +121,7 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, in
 
 template <typename KV>
 using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
-                          int64_t, int64_t, float, std::vector<float>&, float*);
+                          int64_t, int64_t, int64_t, float, float, std::vector<float>&, float*);
 
 template <typename KV, int... G>
 AttendFn<KV> attend_for_group(int group, std::integer_sequence<int, G...>) {
@@ -125,7 +132,8 @@ AttendFn<KV> attend_for_group(int group, std::integer_sequence<int, G...>) {
 
 template <typename KV>
 void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& tables,
-                const at::Tensor& lens, int64_t block_size, float scale, at::Tensor& out) {
+                const at::Tensor& lens, int64_t block_size, float scale, int64_t window, float softcap,
+                at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pool.size(1), W = tables.size(1);
   const AttendFn<KV> attend_item = attend_for_group<KV>(H / KVH, std::make_integer_sequence<int, kMaxGroup>{});
   const float* qp = q.const_data_ptr<float>();
@@ -142,15 +150,16 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor&
     std::vector<float> scores;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = per_head ? i / KVH : i, g0 = per_head ? i % KVH : 0, g1 = per_head ? g0 + 1 : KVH;
-      attend_item(qp + b * H * D, kp, vp, tp + b * W, lp[b], block_size, KVH, D, g0, g1, scale, scores,
-                  op + b * H * D);
+      const int64_t first = window > 0 ? std::max<int64_t>(lp[b] - window, 0) : 0;
+      attend_item(qp + b * H * D, kp, vp, tp + b * W, first, lp[b], block_size, KVH, D, g0, g1, scale, softcap,
+                  scores, op + b * H * D);
     }
   });
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens,
-                                  int64_t block_size, double scale) {
+                                  int64_t block_size, double scale, int64_t window, double softcap) {
   TORCH_CHECK(q_in.dim() == 3 && k_pool.dim() == 3 && v_pool.sizes() == k_pool.sizes(), "paged_decode_attention: shapes");
   const at::ScalarType q_dtype = q_in.scalar_type();
   TORCH_CHECK(q_dtype == at::kFloat || q_dtype == at::kBFloat16 || q_dtype == at::kHalf,
@@ -165,11 +174,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   TORCH_CHECK(k_pool.size(2) == D && D % 16 == 0 && H % KVH == 0 && H / KVH <= kMaxGroup,
               "paged_decode_attention: head layout");
   at::Tensor out = at::empty({q.size(0), H, D}, q.options());
-  const float fscale = static_cast<float>(scale);
+  TORCH_CHECK(window >= 0 && softcap >= 0, "paged_decode_attention: window and softcap must be >= 0 (0: off)");
+  const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
   switch (k_pool.scalar_type()) {
-    case at::kFloat: attend_all<float>(q, k_pool, v_pool, tables, lens, block_size, fscale, out); break;
-    case at::kHalf: attend_all<at::Half>(q, k_pool, v_pool, tables, lens, block_size, fscale, out); break;
-    case at::kBFloat16: attend_all<at::BFloat16>(q, k_pool, v_pool, tables, lens, block_size, fscale, out); break;
+    case at::kFloat: attend_all<float>(q, k_pool, v_pool, tables, lens, block_size, fscale, window, fcap, out); break;
+    case at::kHalf:
+      attend_all<at::Half>(q, k_pool, v_pool, tables, lens, block_size, fscale, window, fcap, out);
+      break;
+    case at::kBFloat16:
+      attend_all<at::BFloat16>(q, k_pool, v_pool, tables, lens, block_size, fscale, window, fcap, out);
+      break;
     default: TORCH_CHECK(false, "paged_decode_attention: pool must be float32, float16 or bfloat16");
   }
   return q_dtype == at::kFloat ? out : out.to(q_dtype);  // rounded once, as SDPA in 16 bits rounds its output
@@ -180,14 +194,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
 namespace kiln {
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
-                                  double scale) {
-  return ::paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, block_size, scale);
+                                  double scale, int64_t window, double softcap) {
+  return ::paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, window, softcap);
 }
 }  // namespace kiln
 
 
 TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor context_lens, "
-        "int block_size, float scale) -> Tensor");
+        "int block_size, float scale, int window=0, float softcap=0.0) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("paged_decode_attention", paged_decode_attention); }

@@ -85,6 +85,10 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached[block_hash] = block
 
+    def uncache(self, block: Block) -> None:
+        """Make a block unfindable (its contents cannot be trusted)."""
+        self._evict(block)
+
     def _evict(self, block: Block) -> None:
         if block.block_hash is None:
             return

@@ -120,6 +120,14 @@ class KVCacheManager:
         self._hashes.pop(request.request_id, None)
         self._num_published.pop(request.request_id, None)
 
+    def discard(self, request: Request) -> None:
+        """Free a request whose step failed: blocks only it holds leave the
+        prefix cache too, since their keys and values may never have been written."""
+        for block in self.tables.get(request.request_id, ()):
+            if block.ref_cnt == 1:
+                self.pool.uncache(block)
+        self.free(request)
+
     # ---- helpers -------------------------------------------------------
     def _hashes_for(self, request: Request) -> list[BlockHash]:
         known = self._hashes.setdefault(request.request_id, [])

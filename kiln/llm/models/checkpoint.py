@@ -2,8 +2,8 @@
 
 Invariant: every Checkpoint that `loader.load_checkpoint` returns has exactly
 the weights `expected_weight_shapes(arch)` names, with those shapes. Weight
-names are Hugging Face Llama names whatever the file format was, so model
-code has one naming scheme to know.
+names are the Hugging Face names of the arch's family (its WeightMap),
+whatever the file format was, so model code has one naming scheme per family.
 """
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from dataclasses import dataclass
 import torch
 
 from kiln.errors import ModelLoadError
-from kiln.llm.models.arch import LlamaArch
+from kiln.llm.models.arch import ModelArch
+from kiln.llm.models.registry import expected_weight_shapes
 
 
 @dataclass
 class Checkpoint:
-    arch: LlamaArch
-    # HF Llama names -> tensors (float32 for GGUF, as stored for safetensors;
+    arch: ModelArch
+    # HF names of the family -> tensors (float32 for GGUF, as stored for safetensors;
     # the model casts to its compute dtype).
     weights: dict[str, torch.Tensor]
     # A HF model directory or a .gguf file: what `load_tokenizer` accepts.
@@ -28,33 +29,7 @@ class Checkpoint:
     source: str
 
 
-def expected_weight_shapes(arch: LlamaArch) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every weight a Llama model with `arch` needs.
-
-    `lm_head.weight` is absent when the embeddings are tied.
-    """
-    h, v = arch.hidden_size, arch.vocab_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (v, h),
-        "model.norm.weight": (h,),
-    }
-    if not arch.tie_word_embeddings:
-        shapes["lm_head.weight"] = (v, h)
-    for i in range(arch.num_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "self_attn.q_proj.weight"] = (arch.q_size, h)
-        shapes[p + "self_attn.k_proj.weight"] = (arch.kv_size, h)
-        shapes[p + "self_attn.v_proj.weight"] = (arch.kv_size, h)
-        shapes[p + "self_attn.o_proj.weight"] = (h, arch.q_size)
-        shapes[p + "mlp.gate_proj.weight"] = (arch.intermediate_size, h)
-        shapes[p + "mlp.up_proj.weight"] = (arch.intermediate_size, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, arch.intermediate_size)
-        shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
-    return shapes
-
-
-def check_weights(arch: LlamaArch, weights: dict[str, torch.Tensor], source: str) -> None:
+def check_weights(arch: ModelArch, weights: dict[str, torch.Tensor], source: str) -> None:
     """Raise ModelLoadError unless `weights` matches `arch` exactly."""
     check_none_missing(arch, weights.keys(), source)
     expected = expected_weight_shapes(arch)
@@ -67,7 +42,7 @@ def check_weights(arch: LlamaArch, weights: dict[str, torch.Tensor], source: str
             raise ModelLoadError(f"{source}: weight {name} has shape {got}, expected {shape}")
 
 
-def check_none_missing(arch: LlamaArch, names: Iterable[str], source: str) -> None:
+def check_none_missing(arch: ModelArch, names: Iterable[str], source: str) -> None:
     """Raise ModelLoadError if a weight `arch` needs is not among `names`."""
     missing = sorted(expected_weight_shapes(arch).keys() - set(names))
     if missing:
@@ -77,3 +52,6 @@ def check_none_missing(arch: LlamaArch, names: Iterable[str], source: str) -> No
 def _preview(names: list[str], limit: int = 5) -> str:
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
+
+
+__all__ = ["Checkpoint", "check_none_missing", "check_weights", "expected_weight_shapes"]

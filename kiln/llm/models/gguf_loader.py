@@ -1,6 +1,9 @@
-"""Load a llama-architecture GGUF file (llama.cpp format) into a Checkpoint.
+"""Load a GGUF file (llama.cpp format) into a Checkpoint.
 
-Every tensor is dequantized to float32 and renamed to its Hugging Face name.
+Its `general.architecture` picks the family (kiln.llm.models.registry),
+which reads the hyper-parameters and names the tensors; every tensor is
+dequantized to float32 and renamed to its Hugging Face name, with the
+converter's changes undone (GGUFNaming).
 Shape convention: GGUF lists dims innermost-first (`[cols, rows]`); the
 reader and `gguf.quants.dequantize` hand back numpy arrays shaped
 `[rows, cols]`, which is already the HF/PyTorch `[out_features, in_features]`.
@@ -11,6 +14,7 @@ import contextlib
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,27 +25,12 @@ from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
 from kiln.errors import ModelLoadError
-from kiln.llm.models.arch import LlamaArch
-from kiln.llm.models.checkpoint import Checkpoint, expected_weight_shapes
+from kiln.llm.models.arch import ModelArch
+from kiln.llm.models.checkpoint import Checkpoint
+from kiln.llm.models.gguf_meta import GLOBAL_NAMES, GGUFMeta, GGUFNaming
+from kiln.llm.models.registry import family_for_gguf, family_of
 
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",  # absent when tied to the embeddings
-}
-_BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-_REQUIRED = object()
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # What a truncated or corrupt file makes the gguf reader raise.
 _CORRUPT_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError)
 
@@ -76,36 +65,77 @@ def open_gguf(path: Path) -> GGUFReader:
         raise ModelLoadError(f"cannot read GGUF file {path}: {e or type(e).__name__}") from e
 
 
+@dataclass(frozen=True)
+class _Piece:
+    tensor: ReaderTensor
+    expert: int | None = None  # index into a stacked-experts tensor
+
+
 class GGUFFile:
-    """A llama GGUF file's architecture, and its tensors under HF names,
+    """A GGUF file's architecture, and its tensors under HF names,
     dequantized one at a time on request (the file stays mmapped)."""
 
     def __init__(self, path: Path):
         self.path = path
         reader = open_gguf(path)
         with _corrupt_as_load_error(path):
-            self.arch = _read_arch(reader, path)
-            self.shapes = expected_weight_shapes(self.arch)
-            self._tensors = {_hf_name(t.name, path): t for t in reader.tensors}
-        unexpected = [t.name for name, t in self._tensors.items() if name not in self.shapes]
-        if unexpected:
-            raise ModelLoadError(f"unexpected tensor {unexpected[0]} in {path}")
+            meta = GGUFMeta(reader, path)
+            reader_family = family_for_gguf(meta.arch_name, str(path))
+            if reader_family.arch_from_gguf is None:  # family_for_gguf returns only families that read GGUF
+                raise ModelLoadError(f"family {reader_family.name} reads no GGUF")
+            self.arch = reader_family.arch_from_gguf(meta)
+            family = family_of(self.arch)  # a llama GGUF with experts is Mixtral
+            if family.gguf_naming is None:
+                raise ModelLoadError(f"family {family.name} has no GGUF tensor names ({path})")
+            self.naming = family.gguf_naming(self.arch)
+            self.shapes = family.weight_map(self.arch).checkpoint_shapes()
+            self._pieces = self._index(reader)
+        self._stacked: tuple[str, np.ndarray] | None = None  # the last stacked-experts tensor read
+
+    def _index(self, reader: GGUFReader) -> dict[str, _Piece]:
+        pieces: dict[str, _Piece] = {}
+        skipped = {f"{n}.weight" for n in self.naming.metadata_tensors}
+        for t in reader.tensors:
+            if t.name in skipped:
+                continue
+            for name, expert in _hf_names(t.name, self.naming, self.arch, self.path):
+                if name not in self.shapes:
+                    raise ModelLoadError(f"unexpected tensor {t.name} in {self.path}")
+                pieces[name] = _Piece(t, expert)
+        return pieces
 
     @property
     def names(self) -> list[str]:
         """HF names of the tensors in the file, in file order."""
-        return list(self._tensors)
+        return list(self._pieces)
 
     def read(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, float32, in HF layout."""
-        tensor = self._tensors[name]
+        piece = self._pieces[name]
         with _corrupt_as_load_error(self.path):
-            array = _dequantize(tensor, self.path)
+            array = self._array(piece)
         if array.shape != self.shapes[name]:
             raise ModelLoadError(
-                f"tensor {tensor.name} in {self.path} has shape {array.shape}, expected {self.shapes[name]}"
+                f"tensor {piece.tensor.name} in {self.path} has shape {array.shape}, expected {self.shapes[name]}"
             )
-        return torch.from_numpy(_unpermute_if_qk(name, array, self.arch))
+        return torch.from_numpy(self._undo_converter(name, array))
+
+    def _array(self, piece: _Piece) -> np.ndarray:
+        if piece.expert is None:
+            return _dequantize(piece.tensor, self.path)
+        if self._stacked is None or self._stacked[0] != piece.tensor.name:
+            self._stacked = (piece.tensor.name, _dequantize(piece.tensor, self.path))
+        return np.ascontiguousarray(self._stacked[1][piece.expert])
+
+    def _undo_converter(self, name: str, w: np.ndarray) -> np.ndarray:
+        if self.naming.permute_qk:
+            if name.endswith("self_attn.q_proj.weight"):
+                return unpermute_rows(w, self.arch.num_heads)
+            if name.endswith("self_attn.k_proj.weight"):
+                return unpermute_rows(w, self.arch.num_kv_heads)
+        if self.naming.norm_offset and name.endswith("norm.weight"):
+            return w - np.float32(self.naming.norm_offset)
+        return w
 
 
 @contextlib.contextmanager
@@ -124,88 +154,21 @@ def load_gguf(path: Path) -> Checkpoint:
     return Checkpoint(arch=file.arch, weights=weights, tokenizer_path=str(path), source=str(path))
 
 
-def _meta(reader: GGUFReader, key: str, path: Path, default: Any = _REQUIRED) -> Any:
-    field = reader.get_field(key)
-    if field is None:
-        if default is _REQUIRED:
-            raise ModelLoadError(f"missing metadata {key} in GGUF file {path}")
-        return default
-    return field.contents()
-
-
-def _read_arch(reader: GGUFReader, path: Path) -> LlamaArch:
-    name = _meta(reader, "general.architecture", path)
-    if name != "llama":
-        raise ModelLoadError(f"unsupported GGUF architecture {name!r} in {path}: only 'llama' is supported")
-    _check_rope_supported(reader, path)
-    hidden = int(_meta(reader, "llama.embedding_length", path))
-    heads = int(_meta(reader, "llama.attention.head_count", path))
-    head_dim = int(_meta(reader, "llama.attention.key_length", path, hidden // heads))
-    rope_dim = int(_meta(reader, "llama.rope.dimension_count", path, head_dim))
-    if rope_dim != head_dim:  # partial rotary embedding: not plain Llama
-        raise ModelLoadError(f"unsupported rope.dimension_count {rope_dim} != head_dim {head_dim} in {path}")
-    return LlamaArch(
-        vocab_size=_vocab_size(reader, path),
-        hidden_size=hidden,
-        intermediate_size=int(_meta(reader, "llama.feed_forward_length", path)),
-        num_layers=int(_meta(reader, "llama.block_count", path)),
-        num_heads=heads,
-        num_kv_heads=int(_meta(reader, "llama.attention.head_count_kv", path, heads)),
-        head_dim=head_dim,
-        # Stored as float32; float() keeps that exact value (as transformers does).
-        rms_norm_eps=float(_meta(reader, "llama.attention.layer_norm_rms_epsilon", path)),
-        rope_theta=float(_meta(reader, "llama.rope.freq_base", path, 10000.0)),
-        max_position_embeddings=int(_meta(reader, "llama.context_length", path)),
-        tie_word_embeddings=not _has_tensor(reader, "output.weight"),
-        rope_scaling=None,
-        bos_token_id=_optional_int(_meta(reader, "tokenizer.ggml.bos_token_id", path, None)),
-        eos_token_ids=_eos_ids(reader, path),
-    )
-
-
-def _check_rope_supported(reader: GGUFReader, path: Path) -> None:
-    scaling = _meta(reader, "llama.rope.scaling.type", path, "none")
-    if scaling != "none":
-        raise ModelLoadError(f"unsupported rope scaling type {scaling!r} in {path}")
-    # llama.cpp stores Llama-3.1 style scaling as per-frequency factors, which
-    # LlamaArch cannot express (it wants the four RopeScaling parameters).
-    if _has_tensor(reader, "rope_freqs.weight"):
-        raise ModelLoadError(f"unsupported rope_freqs tensor (llama3 rope scaling) in {path}")
-
-
-def _has_tensor(reader: GGUFReader, name: str) -> bool:
-    return any(t.name == name for t in reader.tensors)
-
-
-def _vocab_size(reader: GGUFReader, path: Path) -> int:
-    size = _meta(reader, "llama.vocab_size", path, None)
-    if size is not None:
-        return int(size)
-    tokens = reader.get_field("tokenizer.ggml.tokens")
-    if tokens is None:
-        raise ModelLoadError(f"no llama.vocab_size or tokenizer.ggml.tokens in {path}")
-    return len(tokens.data)  # one data index per token; avoids decoding the strings
-
-
-def _eos_ids(reader: GGUFReader, path: Path) -> tuple[int, ...]:
-    # end-of-turn is a stop token too (Llama-3 GGUFs set both).
-    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
-    ids = [_optional_int(_meta(reader, k, path, None)) for k in keys]
-    return tuple(dict.fromkeys(i for i in ids if i is not None))
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _hf_name(gguf_name: str, path: Path) -> str:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
+def _hf_names(gguf_name: str, naming: GGUFNaming, arch: ModelArch, path: Path) -> list[tuple[str, int | None]]:
+    """(HF name, expert index or None) of each tensor a GGUF tensor holds."""
+    base, _, kind = gguf_name.rpartition(".")
+    if base in GLOBAL_NAMES and kind == "weight":
+        return [(f"{GLOBAL_NAMES[base]}.weight", None)]
     match = _BLOCK_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _BLOCK_NAMES:
-        raise ModelLoadError(f"unexpected tensor {gguf_name} in {path}")
-    layer, kind = match.groups()
-    return f"model.layers.{layer}.{_BLOCK_NAMES[kind]}.weight"
+    if match is not None:
+        layer, block, kind = match.groups()
+        prefix = f"model.layers.{layer}."
+        if block in naming.block:
+            return [(f"{prefix}{naming.block[block]}.{kind}", None)]
+        if block in naming.experts and arch.moe is not None:
+            module = naming.experts[block]
+            return [(f"{prefix}{module.format(e=e)}.{kind}", e) for e in range(arch.moe.num_experts)]
+    raise ModelLoadError(f"unexpected tensor {gguf_name} in {path}")
 
 
 def _dequantize(tensor: ReaderTensor, path: Path) -> np.ndarray:
@@ -222,14 +185,6 @@ def _dequantize(tensor: ReaderTensor, path: Path) -> np.ndarray:
     if array.dtype != np.float32 or not array.flags.writeable or not array.flags.c_contiguous:
         array = np.array(array, dtype=np.float32, order="C")
     return array
-
-
-def _unpermute_if_qk(name: str, w: np.ndarray, arch: LlamaArch) -> np.ndarray:
-    if name.endswith("self_attn.q_proj.weight"):
-        return unpermute_rows(w, arch.num_heads)
-    if name.endswith("self_attn.k_proj.weight"):
-        return unpermute_rows(w, arch.num_kv_heads)
-    return w
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:

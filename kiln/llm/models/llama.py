@@ -1,8 +1,12 @@
-"""Kiln's Llama-family model: RMSNorm, RoPE (Llama-3 scaling), GQA, SwiGLU.
+"""Kiln's decoder model: Llama (RMSNorm, RoPE, GQA, SwiGLU) and the families
+that are Llama with options read from their `ModelArch`: q/k/v biases
+(Qwen2), q/k norms (Qwen3), sliding windows (Mistral, Phi-3), partial rotary
+and LongRoPE (Phi-3/4), mixture-of-experts MLPs (Mixtral, Qwen3-MoE; see
+moe.py). Gemma's layer differs more and subclasses this (gemma.py).
 
 Projections are fused at load time (q|k|v and gate|up), so a layer runs two
-input matmuls instead of five. Weights arrive under Hugging Face names and
-each module knows where its pieces go (`load_weights`).
+input matmuls instead of five. Weights arrive under the checkpoint's names
+and the family's `WeightMap` says where each goes (`load_weights`).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from torch import nn
 from kiln.errors import ModelLoadError
 from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
+from kiln.llm.attention.options import AttentionOptions
 from kiln.llm.attention.selector import install_attention_backend
 from kiln.llm.kernels import ops
 from kiln.llm.kernels.ops import pack_linear_weight
@@ -23,9 +28,11 @@ from kiln.llm.layers.linear import Linear, pack_for_prefill, project
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models import fused_decode
-from kiln.llm.models.arch import LlamaArch
-from kiln.llm.models.checkpoint import check_none_missing
+from kiln.llm.models.arch import ModelArch
+from kiln.llm.models.weight_map import WeightMap
 from kiln.llm.quant.apply import HEAD_METHOD, quantize_linears, quantize_weight
+
+Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 def _weight(*shape: int) -> nn.Parameter:
@@ -36,57 +43,91 @@ def _no_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def attention_options(arch: ModelArch, layer: int) -> AttentionOptions:
+    scale = arch.query_scale
+    if scale is not None and scale == arch.head_dim**-0.5:
+        scale = None
+    return AttentionOptions(scale, arch.window(layer), arch.attn_logit_softcap)
+
+
+def layer_backend(backend: AttentionBackend, options: AttentionOptions) -> AttentionBackend:
+    """`backend` for a plain layer; the torch reference with `options` for one
+    that needs them (`install_attention_backend` later picks the device's)."""
+    return backend if options == backend.options else TorchPagedAttention(options)
+
+
 class LlamaAttention(nn.Module):
     """Head counts and the output reduction are attributes, so a
     tensor-parallel subclass (kiln.llm.parallel.model) can hold a subset of
     the heads and sum its partial output across ranks."""
 
-    def __init__(self, arch: LlamaArch, backend: AttentionBackend):
+    qkv_bias: nn.Parameter | None  # absent (None) unless the family has them
+    q_norm: RMSNorm | None
+    k_norm: RMSNorm | None
+    uses_local_rope = False  # rotated with the model's local (sliding-window) rope table
+
+    def __init__(self, arch: ModelArch, backend: AttentionBackend, layer: int = 0):
         super().__init__()
         self.arch = arch
         self.num_heads, self.num_kv_heads = arch.num_heads, arch.num_kv_heads
         # A Linear until LlamaModel.finish may swap in a quantized module.
         self.qkv_proj: nn.Module = Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size)
+        self.qkv_bias = _weight(arch.q_size + 2 * arch.kv_size) if arch.attention_bias else None
+        self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.o_proj: nn.Module = Linear(arch.q_size, arch.hidden_size)
-        self.backend = backend
+        self.uses_local_rope = arch.local_rope_theta is not None and arch.window(layer) > 0
+        self.backend = layer_backend(backend, attention_options(arch, layer))
         self.reduce: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         d = self.arch.head_dim
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
         qkv = self.qkv_proj(x)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(-1, self.num_heads, d)
         k = k.view(-1, self.num_kv_heads, d)
         v = v.view(-1, self.num_kv_heads, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.reshape(-1, d)).view(-1, self.num_heads, d)
+            k = self.k_norm(k.reshape(-1, d)).view(-1, self.num_kv_heads, d)
         q, k = RotaryEmbedding.rotate(q, k, *rope)
         out = self.backend.forward(q, k, v, kv_cache, meta)
         return self.reduce(self.o_proj(out.reshape(-1, q_size)))
 
 
+def gated_activation(gate_up: torch.Tensor, hidden_act: str) -> torch.Tensor:
+    """act(gate) * up for gate_up = gate | up: SwiGLU (silu) or GeGLU (gelu_tanh)."""
+    act = ops.silu_mul(gate_up) if hidden_act == "silu" else ops.gelu_tanh_mul(gate_up)
+    if act is not None:
+        return act
+    gate, up = gate_up.chunk(2, dim=-1)
+    if hidden_act == "silu":
+        return F.silu(gate) * up
+    return F.gelu(gate, approximate="tanh") * up
+
+
 class LlamaMLP(nn.Module):
-    def __init__(self, arch: LlamaArch):
+    hidden_act = "silu"  # a class default, so the sharded subclass has it
+
+    def __init__(self, arch: ModelArch, intermediate_size: int | None = None):
         super().__init__()
-        self.inter = arch.intermediate_size
-        self.gate_up_proj: nn.Module = Linear(arch.hidden_size, 2 * arch.intermediate_size)
-        self.down_proj: nn.Module = Linear(arch.intermediate_size, arch.hidden_size)
+        self.inter = intermediate_size or arch.intermediate_size
+        self.hidden_act = arch.hidden_act
+        self.gate_up_proj: nn.Module = Linear(arch.hidden_size, 2 * self.inter)
+        self.down_proj: nn.Module = Linear(self.inter, arch.hidden_size)
         self.reduce: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        act = ops.silu_mul(gate_up)
-        if act is None:
-            gate, up = gate_up.split(self.inter, dim=-1)
-            act = F.silu(gate) * up
-        return self.reduce(self.down_proj(act))
+        return self.reduce(self.down_proj(gated_activation(self.gate_up_proj(x), self.hidden_act)))
 
 
 class LlamaLayer(nn.Module):
     def __init__(
-        self, arch: LlamaArch, backend: AttentionBackend, self_attn: LlamaAttention | None = None,
-        mlp: LlamaMLP | None = None,
+        self, arch: ModelArch, backend: AttentionBackend, self_attn: LlamaAttention | None = None,
+        mlp: nn.Module | None = None,
     ):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
@@ -94,22 +135,26 @@ class LlamaLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = mlp or LlamaMLP(arch)
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         h, x = self.post_attention_layernorm.add_forward(attn, x)
         return x + self.mlp(h)
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: LlamaArch, max_positions: int, backend: AttentionBackend | None = None):
+    def __init__(self, arch: ModelArch, max_positions: int, backend: AttentionBackend | None = None):
         super().__init__()
         self.arch = arch
         backend = backend or TorchPagedAttention()
-        self.rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
+        rotary_dim = arch.rotary_dim or arch.head_dim
+        self.rotary = RotaryEmbedding(rotary_dim, max_positions, arch.rope_theta, arch.rope_scaling)
+        # Gemma 3's sliding-window layers rotate with their own base, unscaled.
+        self.local_rotary = (
+            None if arch.local_rope_theta is None
+            else RotaryEmbedding(rotary_dim, max_positions, arch.local_rope_theta, None)
+        )
         self.embed_tokens = _weight(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(arch, backend) for _ in range(arch.num_layers))
+        self.layers = nn.ModuleList(self.make_layer(i, backend) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = self.embed_tokens if arch.tie_word_embeddings else _weight(arch.vocab_size, arch.hidden_size)
         # Set by `finish` (and `quantize_head`), never from outside:
@@ -120,6 +165,14 @@ class LlamaModel(nn.Module):
         self.lm_head_packed: torch.Tensor | None = None
         # each layer's tensors for decode-only steps in one kernel call per layer.
         self.fused_layers: list[fused_decode.FusedLayer] | None = None
+
+    def make_layer(self, layer: int, backend: AttentionBackend) -> nn.Module:
+        """Decoder layer `layer` (a subclass's family may build its own)."""
+        from kiln.llm.models.moe import SparseMoeBlock
+
+        arch = self.arch
+        mlp = SparseMoeBlock(arch) if arch.is_moe_layer(layer) else LlamaMLP(arch)
+        return LlamaLayer(arch, backend, LlamaAttention(arch, backend, layer), mlp)
 
     def finish(
         self, device: torch.device, dtype: torch.dtype, quantization: str | None = None, group_size: int = 32,
@@ -169,16 +222,23 @@ class LlamaModel(nn.Module):
         """`layers`, typed (an nn.ModuleList yields plain Modules)."""
         return cast("list[LlamaLayer]", list(self.layers))
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed_tokens)
+        if self.arch.embed_scale is not None:  # rounded to the model's dtype first, as transformers does
+            x = x * torch.tensor(self.arch.embed_scale, dtype=x.dtype)
+        return x
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata
     ) -> torch.Tensor:
         """Returns final hidden states [T, hidden] (normed)."""
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = self.embed(input_ids)
         rope = self.rotary.tables(positions)
         if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0], x.dtype):
             return self.norm(fused_decode.run(self.fused_layers, self.arch, x, rope, kv_caches, meta))
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
-            x = layer(x, rope, kv_cache, meta)
+        local = self.local_rotary.tables(positions) if self.local_rotary is not None else rope
+        for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=False):
+            x = layer(x, local if layer.self_attn.uses_local_rope else rope, kv_cache, meta)
         return self.norm(x)
 
     def gather_fused_layers(self) -> list[fused_decode.FusedLayer] | None:
@@ -192,9 +252,9 @@ class LlamaModel(nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             plain = (
                 type(layer) is LlamaLayer and type(attn) is LlamaAttention and type(mlp) is LlamaMLP
-                and type(attn.backend) is TorchPagedAttention
+                and type(attn.backend) is TorchPagedAttention and mlp.hidden_act == "silu"
             )
-            if not plain:
+            if not (plain and isinstance(mlp, LlamaMLP)):  # isinstance: for mypy, `plain` has checked it
                 return None
             fused = fused_decode.fused_layer(
                 attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj,
@@ -202,42 +262,48 @@ class LlamaModel(nn.Module):
             )
             if fused is None:
                 return None
-            layers.append(fused)
+            q_norm = None if attn.q_norm is None else attn.q_norm.weight
+            k_norm = None if attn.k_norm is None else attn.k_norm.weight
+            extended = fused_decode.with_extras(fused, attn.qkv_bias, q_norm, k_norm, attn.backend.options)
+            if extended is None:
+                return None
+            layers.append(extended)
         return layers
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.logits_head is not None:
-            return self.logits_head(hidden).float()
-        return project(hidden, self.lm_head, self.lm_head_packed).float()
+            logits = self.logits_head(hidden).float()
+        else:
+            logits = project(hidden, self.lm_head, self.lm_head_packed).float()
+        cap = self.arch.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     # ---- weights ----------------------------------------------------------
+    def weight_map(self) -> WeightMap:
+        """Where each parameter comes from in this model's checkpoints (its family's naming)."""
+        from kiln.llm.models.registry import family_of
+
+        return family_of(self.arch).weight_map(self.arch)
+
     def load_weights(self, weights: dict[str, torch.Tensor], source: str = "") -> None:
-        """Copy HF-named tensors into the (fused) parameters. Every parameter
-        must be covered; other tensors are not read (a truncated draft model
-        takes the first layers of a whole checkpoint)."""
-        check_none_missing(self.arch, weights.keys(), source)
-        a = self.arch
-        self._copy(self.embed_tokens, weights["model.embed_tokens.weight"], "model.embed_tokens.weight", source)
-        if not a.tie_word_embeddings:
-            self._copy(self.lm_head, weights["lm_head.weight"], "lm_head.weight", source)
-        self._copy(self.norm.weight, weights["model.norm.weight"], "model.norm.weight", source)
-        for i, layer in enumerate(self.decoder_layers):
-            p = f"model.layers.{i}."
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = torch.cat([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
-            self._copy(_float_weight(attn.qkv_proj), qkv, p + "self_attn.qkv", source)
-            self._copy(_float_weight(attn.o_proj), weights[p + "self_attn.o_proj.weight"], p + "o_proj", source)
-            gate_up = torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
-            self._copy(_float_weight(mlp.gate_up_proj), gate_up, p + "mlp.gate_up", source)
-            self._copy(_float_weight(mlp.down_proj), weights[p + "mlp.down_proj.weight"], p + "mlp.down_proj", source)
-            input_norm = weights[p + "input_layernorm.weight"]
-            self._copy(layer.input_layernorm.weight, input_norm, p + "input_layernorm", source)
-            self._copy(
-                layer.post_attention_layernorm.weight,
-                weights[p + "post_attention_layernorm.weight"],
-                p + "post_attention_layernorm",
-                source,
-            )
+        """Copy checkpoint tensors into the (fused) parameters, as the family's
+        WeightMap says. Every parameter must be covered; other tensors are not
+        read (a truncated draft model takes the first layers of a whole checkpoint)."""
+        plan = self.weight_map()
+        missing = sorted(set(plan.checkpoint_shapes()) - weights.keys())
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ModelLoadError(f"{source}: missing weights {', '.join(missing[:5])}{more}")
+        params = dict(self.named_parameters())
+        unmapped = sorted(params.keys() - plan.keys())
+        if unmapped:
+            raise ModelLoadError(f"{source}: no checkpoint tensor maps to {', '.join(unmapped[:5])}")
+        for name, src in plan.items():
+            tensors = [weights[n] for n in src.names]
+            tensor = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+            if src.offset:
+                tensor = tensor.float() + src.offset
+            self._copy(_float_param(params, name), tensor, name, source)
 
     @staticmethod
     def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str, source: str) -> None:
@@ -248,8 +314,8 @@ class LlamaModel(nn.Module):
         param.data.copy_(tensor)
 
 
-def _float_weight(projection: nn.Module) -> torch.Tensor:
-    """The weight of a float projection: weights load before quantization."""
-    if not isinstance(projection, Linear):
-        raise ModelLoadError(f"cannot load weights into a {type(projection).__name__}: load before finish()")
-    return projection.weight
+def _float_param(params: dict[str, nn.Parameter], name: str) -> nn.Parameter:
+    """A float parameter of the model: weights load before quantization."""
+    if name not in params:
+        raise ModelLoadError(f"cannot load weight {name}: not a float parameter (load before finish())")
+    return params[name]

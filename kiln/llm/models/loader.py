@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Literal
 
 from kiln.errors import ModelLoadError
+from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.checkpoint import Checkpoint, check_weights
-from kiln.llm.models.gguf_loader import load_gguf
-from kiln.llm.models.hf_loader import load_hf_dir
+from kiln.llm.models.gguf_loader import GGUFFile, load_gguf
+from kiln.llm.models.hf_loader import load_hf_arch, load_hf_dir
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,13 @@ def single_gguf_in(directory: Path) -> Path:
         )
     names = ", ".join(p.name for p in ggufs)
     raise ModelLoadError(f"several .gguf files in {directory} ({names}); pass the file path instead")
+
+
+def read_arch(path: str | Path) -> ModelArch:
+    """A model path's arch from its metadata alone (config.json, or the GGUF
+    header): an unsupported architecture fails here, before any weight is read."""
+    files = locate_model(path)
+    return load_hf_arch(files.path) if files.format == "hf" else GGUFFile(files.path).arch
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

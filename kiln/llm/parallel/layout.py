@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from kiln.errors import ConfigError
 from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.models.arch import LlamaArch
+from kiln.llm.models.registry import family_of
 
 
 def balanced(n: int, parts: int, index: int) -> tuple[int, int]:
@@ -96,6 +97,8 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int) -> tuple[int, int]
 
 def check_splittable(arch: LlamaArch, tp_size: int, pp_size: int) -> None:
     """ConfigError (at start-up) unless the model can be split this way."""
+    if tp_size * pp_size > 1:
+        check_family_shardable(arch)
     kv, heads = arch.num_kv_heads, arch.num_heads
     if heads % kv:
         raise ConfigError(f"num_heads {heads} is not a multiple of num_kv_heads {kv}", param="tensor_parallel_size")
@@ -116,4 +119,17 @@ def check_splittable(arch: LlamaArch, tp_size: int, pp_size: int) -> None:
         raise ConfigError(
             f"pipeline_parallel_size {pp_size} exceeds the model's {arch.num_layers} layers",
             param="pipeline_parallel_size",
+        )
+
+
+def check_family_shardable(arch: LlamaArch) -> None:
+    """Only Llama's layer is sharded (ShardedLlamaModel): other families, and
+    Llama-named ones with options it lacks (a sliding window), are refused."""
+    family = family_of(arch)
+    if not (family.tensor_parallel and arch.is_plain_llama):
+        extra = " with a sliding window" if arch.has_sliding_window else ""
+        raise ConfigError(
+            f"tensor/pipeline parallelism is not supported for the {family.name} family{extra}; "
+            "run it with tensor_parallel_size=1 and pipeline_parallel_size=1",
+            param="tensor_parallel_size",
         )

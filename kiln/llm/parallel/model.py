@@ -35,6 +35,7 @@ class ShardedAttention(LlamaAttention):
     def __init__(self, arch: LlamaArch, backend: AttentionBackend, split: TensorSplit, state: ParallelState):
         nn.Module.__init__(self)
         self.arch, self.backend = arch, backend
+        self.qkv_bias = self.q_norm = self.k_norm = None  # only Llama's layer is sharded (check_family_shardable)
         self.num_heads, self.num_kv_heads = split.num_heads, split.num_kv_heads
         kv = split.kv_rows()
         self.qkv_proj = ColumnParallelLinear(arch.hidden_size, [split.q_rows(), kv, kv])

@@ -160,6 +160,9 @@ def build_cuda_graphs(runner, config, max_model_len: int) -> CudaGraphRunner | N
     if not backends or not all(isinstance(b, TritonPagedAttention) for b in backends):
         log.info("CUDA graphs off: they need the Triton attention backend")
         return None
+    if runner.model.arch.moe is not None:
+        log.info("CUDA graphs off: mixture-of-experts routing reads each expert's token count on the host")
+        return None
     max_batch = min(config.model.cuda_graph_max_batch_size, config.scheduler.max_num_seqs)
     graphs = CudaGraphRunner(runner.model, runner.kv_caches, runner.block_size, max_model_len, max_batch,
                              runner.device)

@@ -34,6 +34,12 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
 
+    def admit(self, request: Request) -> None:
+        """Prepare what the request's own parameters need (its seeded
+        generator), so a parameter the engine cannot use fails the request
+        here, alone, rather than a step of the batch."""
+        self.generator_for(request)
+
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         params = [r.sampling_params for r in requests]
         if all(p.greedy and not needs_processing(p, r) for p, r in zip(params, requests, strict=False)):
@@ -94,9 +100,15 @@ class Sampler:
         """Processed logits of non-greedy rows -> the distribution they are
         drawn from (temperature, then top-k/top-p/min-p; the vocabulary sort
         is skipped when no row asks for any of the three)."""
-        temperature, top_k, top_p, min_p = self._columns(requests, ("temperature", "top_k", "top_p", "min_p"))
-        scaled = logits / temperature.unsqueeze(1)
         params = [r.sampling_params for r in requests]
+        # A top_k beyond the vocabulary keeps all of it: clamped on the host,
+        # it is exact in float32 (vocabularies are far below 2**24) and fits
+        # the device's integer type whatever the request asked.
+        vocab = logits.shape[1]
+        columns = [[float(p.temperature) for p in params], [float(min(p.top_k, vocab)) for p in params],
+                   [float(p.top_p) for p in params], [float(p.min_p) for p in params]]
+        temperature, top_k, top_p, min_p = to_device(columns, torch.float32, self.device)
+        scaled = logits / temperature.unsqueeze(1)
         if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
             scaled = apply_top_k_top_p_min_p(scaled, top_k.long(), top_p, min_p)
         return scaled.softmax(dim=-1)

@@ -79,6 +79,15 @@ class Scheduler:
         self._finish(request, RequestStatus.FINISHED_ABORTED)
         return request
 
+    def fail(self, request_id: str) -> Request | None:
+        """End a request whose step failed (see EngineCore); its blocks are discarded."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        self.kv.discard(request)
+        self._finish(request, RequestStatus.FINISHED_ERROR)
+        return request
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 

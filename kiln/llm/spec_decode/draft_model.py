@@ -20,8 +20,10 @@ import dataclasses
 import torch
 
 from kiln.llm.kv_cache.manager import KVCacheManager
+from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.llama import LlamaModel
+from kiln.llm.models.registry import build_model
 from kiln.llm.request import Request
 from kiln.llm.runner.inputs import build_inputs
 from kiln.llm.sampling.sampler import Sampler, needs_processing
@@ -32,10 +34,18 @@ from kiln.llm.spec_decode.verify import as_if_output
 
 def truncated_model(checkpoint: Checkpoint, num_layers: int, max_positions: int) -> LlamaModel:
     """The checkpoint's first `num_layers` layers + final norm + LM head."""
-    arch = dataclasses.replace(checkpoint.arch, num_layers=min(num_layers, checkpoint.arch.num_layers))
-    model = LlamaModel(arch, max_positions=max_positions)
+    arch = truncated_arch(checkpoint.arch, num_layers)
+    model = build_model(arch, max_positions)
     model.load_weights(checkpoint.weights, checkpoint.source)  # later layers' tensors are not read
     return model
+
+
+def truncated_arch(arch: ModelArch, num_layers: int) -> ModelArch:
+    """`arch` with its first `num_layers` layers (per-layer fields cut to match)."""
+    n = min(num_layers, arch.num_layers)
+    windows = arch.layer_windows[:n]
+    moe = arch.moe and dataclasses.replace(arch.moe, dense_layers=tuple(i for i in arch.moe.dense_layers if i < n))
+    return dataclasses.replace(arch, num_layers=n, layer_windows=windows if any(windows) else (), moe=moe)
 
 
 class DraftModelProposer(Proposer):

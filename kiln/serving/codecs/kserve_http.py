@@ -29,7 +29,7 @@ def decode_json(body: bytes | memoryview, limits: Limits) -> Any:
         raise _too_deep(limits) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequestError(f"failed to parse the request JSON: {exc}") from None
-    if _depth(value, limits.max_json_depth) > limits.max_json_depth:
+    if json_depth(value, limits.max_json_depth) > limits.max_json_depth:
         raise _too_deep(limits)
     return value
 
@@ -38,7 +38,7 @@ def _too_deep(limits: Limits) -> InvalidRequestError:
     return InvalidRequestError(f"JSON nesting depth exceeds maximum allowed limit ({limits.max_json_depth})")
 
 
-def _depth(value: Any, limit: int) -> int:
+def json_depth(value: Any, limit: int) -> int:
     """Nesting depth of containers, stopping early once past `limit`."""
     if not isinstance(value, (list, dict)):
         return 0
@@ -55,6 +55,9 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what a parameter can be on gRPC (int64_param) too
+
+
 def _params(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
@@ -62,6 +65,9 @@ def _params(value: Any, where: str) -> dict[str, Any]:
         isinstance(v, (str, int, float, bool)) for v in value.values()
     ):
         raise InvalidRequestError(f"'parameters' of {where} must map names to string, number or boolean")
+    for key, v in value.items():
+        if isinstance(v, int) and not isinstance(v, bool) and not INT64_MIN <= v <= INT64_MAX:
+            raise InvalidRequestError(f"parameter '{key}' of {where} is outside int64")
     return value
 
 

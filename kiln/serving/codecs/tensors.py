@@ -50,6 +50,13 @@ def serialize_bytes(array: np.ndarray) -> bytes:
 
 def deserialize_bytes(name: str, raw: bytes | memoryview, count: int) -> np.ndarray:
     raw = memoryview(raw)
+    # Every element carries a 4-byte length: a shape the data cannot fill is
+    # refused before anything of its size is allocated.
+    if count * 4 > len(raw):
+        raise InvalidRequestError(
+            f"expected {count} string elements for input '{name}', but its {len(raw)} bytes of data "
+            f"hold at most {len(raw) // 4}"
+        )
     out = np.empty(count, dtype=object)
     offset = 0
     for i in range(count):

@@ -32,6 +32,7 @@ from kiln.errors import (
     ConfigError,
     InvalidRequestError,
     KilnError,
+    ModelConfigLoadError,
     ModelLoadError,
     ModelLoadingError,
     ModelNotFoundError,
@@ -241,15 +242,23 @@ class ModelManager:
                 new = await self._build(source, _chain + (name,))
             except Exception as exc:  # noqa: BLE001 - any backend's failure stays this model's
                 detail = exc.message if isinstance(exc, KilnError) else f"{type(exc).__name__}: {exc}"
-                message = f"failed to load '{name}': {detail}"
+                message = f"failed to load '{name}': {self._redact(detail)}"
                 if not isinstance(exc, KilnError):
                     log.exception("loading model %s raised", name)
                 if not was_ready:
                     entry.state, entry.reason = UNAVAILABLE, message
-                raise ModelLoadError(message) from None
+                raise (ModelConfigLoadError if isinstance(exc, ConfigError) else ModelLoadError)(message) from None
             old, entry.versions = entry.versions, new
             entry.state, entry.reason = READY, ""
         await self._close_versions(list(old.values()))
+
+    def _redact(self, text: str) -> str:
+        """A load error as clients may read it: the repository's host path left out."""
+        if self.repository is None:
+            return text
+        for root in {str(self.repository.resolve()), str(self.repository)}:
+            text = text.replace(root, "<repository>")
+        return text
 
     async def _build(self, source: ModelSource, chain: tuple[str, ...]) -> dict[int, LoadedVersion]:
         built: dict[int, LoadedVersion] = {}

@@ -44,7 +44,7 @@ def server(tmp_path_factory, tiny_llama_dir):
     routes.write_text("routes:\n  assistant:\n    targets: {tiny: 3, doubler: 1}\n")
     args = ("--served-model-name", "tiny", "--num-blocks", "64", "--max-model-len", "256",
             "--model-repository", str(repo), "--grpc-port", "-1", "--routes-file", str(routes),
-            "--price-per-hour", "2.5", "--cost-window-s", "10")
+            "--price-per-hour", "2.5", "--cost-window-s", "10", "--model-control", "explicit")
     with kiln_server(tiny_llama_dir, *args, tmp_dir=tmp, api_key=KEY) as live:
         yield live
 

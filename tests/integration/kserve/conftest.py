@@ -18,5 +18,5 @@ def serving_repository(root):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = serving_repository(tmp_path_factory.mktemp("kserve"))
-    with live_server(repo, "--max-tensor-request-bytes", str(MAX_BODY)) as live:
+    with live_server(repo, "--max-tensor-request-bytes", str(MAX_BODY), "--model-control", "explicit") as live:
         yield live

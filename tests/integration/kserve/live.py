@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ class LiveServer:
     http_port: int
     grpc_port: int
     log_path: Path
+    ca: Path | None = None  # the server's certificate, when it serves TLS
 
     @property
     def http_url(self) -> str:
@@ -31,11 +33,17 @@ class LiveServer:
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
+    def _url(self, path: str) -> str:
+        return f"{'https' if self.ca else 'http'}://{self.http_url}{path}"
+
+    def _verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=str(self.ca)) if self.ca else True
+
     def get(self, path: str, **kw) -> httpx.Response:
-        return httpx.get(f"http://{self.http_url}{path}", timeout=30, **kw)
+        return httpx.get(self._url(path), timeout=30, verify=self._verify(), **kw)
 
     def post(self, path: str, **kw) -> httpx.Response:
-        return httpx.post(f"http://{self.http_url}{path}", timeout=60, **kw)
+        return httpx.post(self._url(path), timeout=60, verify=self._verify(), **kw)
 
     def alive(self) -> bool:
         return self.proc.poll() is None and self.get("/v2/health/live").status_code == 200
@@ -45,7 +53,8 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def live_server(repo: Path, *args: str, timeout: float = 90.0):
+def live_server(repo: Path, *args: str, timeout: float = 90.0, ca: Path | None = None):
+    """`ca`: the certificate of --ssl-certfile, when `args` turn TLS on."""
     http_port, grpc_port = free_port(), free_port()
     log_path = Path(repo).parent / f"server-{http_port}.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -53,7 +62,7 @@ def live_server(repo: Path, *args: str, timeout: float = 90.0):
            "--port", str(http_port), "--grpc-port", str(grpc_port), "--log-level", "warning", *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    server = LiveServer(proc, http_port, grpc_port, log_path)
+    server = LiveServer(proc, http_port, grpc_port, log_path, ca)
     try:
         deadline = time.monotonic() + timeout
         while True:

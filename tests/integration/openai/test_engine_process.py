@@ -1,7 +1,9 @@
-"""The engine process on its own: start-up failures, and exit on parent death."""
+"""The engine process on its own: start-up failures, exit on parent death, and
+a request its wire cannot carry."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -13,8 +15,10 @@ import psutil
 import pytest
 
 from kiln.config import EngineConfig
-from kiln.errors import EngineDeadError
+from kiln.errors import EngineDeadError, InvalidRequestError
+from kiln.llm.engine.async_llm import AsyncLLM
 from kiln.llm.engine.core_client import ProcessEngineClient
+from kiln.llm.sampling_params import SamplingParams
 from tests.integration.openai.live import ROOT
 
 
@@ -61,3 +65,28 @@ def test_kiln_serve_exits_nonzero_when_the_model_cannot_load(tmp_path):
     )
     assert proc.returncode == 1
     assert "nope.gguf" in proc.stderr
+
+
+def test_a_request_the_wire_cannot_carry_fails_alone_and_the_next_is_served(tiny_llama_dir):
+    """Such a request once killed the writer thread, and every later request hung (issue 17)."""
+    def poisoned(**change) -> SamplingParams:
+        params = SamplingParams(max_tokens=2, temperature=1.0, seed=1)
+        for name, value in change.items():  # as if it had slipped past validation
+            setattr(params, name, value)
+        return params
+
+    async def main():
+        engine = await AsyncLLM.start(EngineConfig.from_flat(model=str(tiny_llama_dir), num_blocks=16), "process")
+        try:
+            for i, change in enumerate(({"seed": 2**64}, {"stop": ["\ud800"]})):
+                with pytest.raises(InvalidRequestError, match="cannot be sent to the engine"):
+                    engine.add_request(f"bad{i}", "Hi", poisoned(**change))
+            assert engine.num_in_flight == 0
+            greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+            outs = [out async for out in engine.generate("Hello", greedy, "good")]
+            return outs[-1].outputs[0].token_ids, engine.client.engine_pid, engine.is_dead
+        finally:
+            await engine.shutdown()
+
+    token_ids, pid, dead = asyncio.run(asyncio.wait_for(main(), 120))
+    assert len(token_ids) == 3 and pid is not None and not dead

@@ -51,7 +51,7 @@ def repository(tmp_path_factory, tiny_llama_dir):
 def server(repository, tmp_path_factory):
     grpc_port = free_port()
     with kiln_server(None, "--model-repository", str(repository), "--grpc-port", str(grpc_port),
-                     tmp_dir=tmp_path_factory.mktemp("log")) as s:
+                     "--model-control", "explicit", tmp_dir=tmp_path_factory.mktemp("log")) as s:
         s.grpc_port = grpc_port
         yield s
 

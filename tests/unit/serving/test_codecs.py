@@ -133,3 +133,28 @@ def test_requested_output_default_binary_flag():
     request = InferRequest("m", {}, outputs=[RequestedOutput("Y")], parameters={"binary_data_output": True})
     payload, length = encode_infer_response(InferResponse("m", "1", {"Y": np.ones(2, np.int8)}), request)
     assert length is not None and payload[length:] == b"\x01\x01"
+
+
+@pytest.mark.parametrize("where", ["http_binary", "raw_contents"])
+def test_a_bytes_shape_its_data_cannot_fill_is_refused_before_any_allocation(where):
+    """A 112-byte request with a BYTES shape of [2**28] and no data once allocated
+    about 2 GB and blocked the event loop for seconds (issue 17). `raw_contents`
+    is what gRPC's raw_input_contents go through (tests/integration/kserve/
+    test_hardened_server.py sends both over the wire)."""
+    import time
+    import tracemalloc
+
+    header = msgspec.json.encode({"inputs": [{"name": "T", "datatype": "BYTES", "shape": [2**28],
+                                              "parameters": {"binary_data_size": 8}}]})
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(InvalidRequestError, match="hold at most 2"):
+            if where == "http_binary":
+                parse_infer_request(header + b"\0" * 8, len(header), "m", "", LIMITS)
+            else:
+                from_raw("T", "BYTES", [2**28], b"\0" * 8, LIMITS)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20 and time.perf_counter() - started < 0.5

@@ -4,7 +4,8 @@ A KilnError aborts the call with the error's gRPC status code (from
 kiln/errors.py). On ModelStreamInfer every request in the stream is answered
 (one response, or several when the model streams it) or gets exactly one
 response with `error_message`, whatever the error, and the stream goes on.
-A cancelled call cancels its requests.
+A cancelled call cancels its requests. With an API key every call but the
+health ones needs it (auth.py); with a certificate the port speaks TLS only.
 """
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from kiln.dataplane.dataplane import DataPlane
 from kiln.dataplane.routed import TARGET_PARAMETER
 from kiln.errors import InvalidRequestError, KilnError
 from kiln.frontends.kserve import documents
+from kiln.frontends.kserve.grpc.auth import HEALTH_METHODS, ApiKeyInterceptor
 from kiln.frontends.kserve.grpc.codec import decode_request, encode_response, param_value
 from kiln.frontends.kserve.grpc.stubs import load_stubs
 from kiln.frontends.routing import TARGET_HEADER, route_key
 
 log = logging.getLogger("kiln.kserve.grpc")
+IDLE_CONNECTION_MS = 5 * 60 * 1000  # a connection with no call for this long is closed (GOAWAY)
 
 
 def _guard(method):
@@ -160,15 +163,31 @@ async def start_grpc_server(dataplane: DataPlane, host: str = "127.0.0.1", port:
     """Start the KServe v2 gRPC server on the running loop and return it.
     The caller stops it with `await server.stop(grace)`."""
     _, pb2_grpc = load_stubs()
+    config = dataplane.config
     size = dataplane.limits.max_body_bytes
-    server = grpc.aio.server(options=[
+    interceptors = []
+    if config.api_key:
+        open_methods = frozenset() if config.protect_health else HEALTH_METHODS
+        interceptors.append(ApiKeyInterceptor(config.api_key, open_methods))
+    server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", size),
         ("grpc.max_send_message_length", size),
+        ("grpc.max_metadata_size", config.max_header_bytes),
+        ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
     ])
     pb2_grpc.add_GRPCInferenceServiceServicer_to_server(make_servicer(dataplane), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if config.ssl_certfile and config.ssl_keyfile:
+        credentials = grpc.ssl_server_credentials([(_read(config.ssl_keyfile), _read(config.ssl_certfile))])
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind the gRPC server to {host}:{port}")
     server.bound_port = bound
     await server.start()
     return server
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

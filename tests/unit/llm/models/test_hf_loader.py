@@ -1,4 +1,4 @@
-"""Loading Hugging Face Llama directories (config.json + safetensors)."""
+"""Loading Hugging Face directories (config.json + safetensors), Llama's; errors of every family."""
 from __future__ import annotations
 
 import json
@@ -112,7 +112,7 @@ def test_extra_eos_ids_are_merged_without_duplicates():
     assert arch.eos_token_ids == (2, 5)
 
 
-@pytest.mark.parametrize("scaling", [{"type": "linear", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0}])
+@pytest.mark.parametrize("scaling", [{"type": "dynamic", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0}])
 def test_other_rope_scaling_is_rejected(scaling):
     with pytest.raises(ModelLoadError, match="unsupported rope_scaling type") as e:
         arch_from_config(_config(rope_scaling=scaling), CONFIG)
@@ -149,8 +149,8 @@ def test_empty_directory(tmp_path):
     assert str(tmp_path) in str(e.value)
 
 
-@pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "GPT2LMHeadModel"])
-def test_non_llama_config(tiny_llama_dir, tmp_path, arch):
+@pytest.mark.parametrize("arch", ["FalconForCausalLM", "GPT2LMHeadModel"])
+def test_unsupported_architecture_names_the_supported_ones(tiny_llama_dir, tmp_path, arch):
     directory = _copy_dir(tiny_llama_dir, tmp_path / "m")
     config = json.loads((directory / "config.json").read_text())
     config["architectures"] = [arch]
@@ -158,14 +158,25 @@ def test_non_llama_config(tiny_llama_dir, tmp_path, arch):
     with pytest.raises(ModelLoadError, match=f"unsupported architecture {arch}") as e:
         load_checkpoint(directory)
     assert str(directory / "config.json") in str(e.value)
+    for supported in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Gemma2ForCausalLM", "MixtralForCausalLM"):
+        assert supported in str(e.value)
 
 
-def test_mistral_with_sliding_window_is_rejected(tiny_llama_dir, tmp_path):
+def test_mistral_with_sliding_window_slides_every_layer(tiny_llama_dir, tmp_path):
     directory = _copy_dir(tiny_llama_dir, tmp_path / "m")
     config = json.loads((directory / "config.json").read_text())
     config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=4096)
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="sliding_window"):
+    arch = load_checkpoint(directory).arch
+    assert (arch.family, arch.layer_windows) == ("mistral", (4096, 4096))
+
+
+def test_llama_with_biases_is_rejected(tiny_llama_dir, tmp_path):
+    directory = _copy_dir(tiny_llama_dir, tmp_path / "m")
+    config = json.loads((directory / "config.json").read_text())
+    config.update(attention_bias=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="biases"):
         load_checkpoint(directory)
 
 

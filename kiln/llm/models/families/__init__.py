@@ -1,0 +1,1 @@
+"""One module per model family, each defining `FAMILY` (kiln.llm.models.registry.Family)."""

@@ -1,0 +1,61 @@
+"""Sparse mixture-of-experts MLP (Mixtral, Qwen3-MoE): each token goes to
+the `top_k` of `num_experts` SwiGLU experts its router scores highest.
+
+Routing as both families define it: softmax over all experts' router logits
+(in float32), the top k kept, their probabilities renormalised to sum to one
+when the family says so (Mixtral always; Qwen3-MoE with norm_topk_prob).
+
+The experts run grouped, not per token: the step's (token, expert) pairs are
+sorted by expert, and each expert with work runs once over all its rows
+(gathered with index_select; one gate|up and one down projection, through
+Kiln's linear kernels like any Linear) before its weighted output is added
+back into the tokens' rows (index_add_, experts in ascending order, so a
+token's sum never depends on what else is in the batch).
+"""
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import nn
+
+from kiln.llm.layers.linear import linear
+from kiln.llm.models.arch import ModelArch
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        from kiln.llm.models.llama import LlamaMLP
+
+        if arch.moe is None:
+            raise ValueError("SparseMoeBlock needs an arch with a MoE shape")
+        moe = arch.moe
+        self.top_k, self.renormalize = moe.top_k, moe.renormalize
+        # A plain parameter, not a Linear: weight-only quantization leaves the router float.
+        self.router_weight = nn.Parameter(torch.empty(moe.num_experts, arch.hidden_size), requires_grad=False)
+        self.experts = nn.ModuleList(LlamaMLP(arch, moe.intermediate_size) for _ in range(moe.num_experts))
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(expert ids [T, k] long, weights [T, k] in x's dtype) per token."""
+        probs = torch.softmax(linear(x, self.router_weight).float(), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return ids, weights.to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = self.route(x)
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)  # pair p = token p // k, its (p % k)-th choice
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        tokens = order // self.top_k
+        pair_weights = weights.flatten().index_select(0, order).unsqueeze(1)
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, n in zip(cast("list[nn.Module]", list(self.experts)), counts, strict=True):
+            if n:
+                rows = tokens[start : start + n]
+                out.index_add_(0, rows, expert(x.index_select(0, rows)) * pair_weights[start : start + n])
+                start += n
+        return out

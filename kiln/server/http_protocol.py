@@ -1,0 +1,169 @@
+"""uvicorn's httptools protocol with the limits a public server needs.
+
+uvicorn bounds neither the size nor the number of request headers (with
+httptools), nor how long a client may take to send a request: a 1 MB header
+or 10,000 headers are read in full, and a half-sent request holds its
+connection for as long as the client likes. Here, per connection:
+
+- the request head (request line + headers) may hold `max_header_bytes`
+  bytes and `max_header_count` headers: past either, 431 and the connection
+  closes (the bytes of a head still incomplete are bounded the same way, so
+  a never-ending header cannot grow memory either);
+- the head must be complete `timeout_header_s` after its first byte (or
+  after the connection opened): else 408 and close (slow-loris);
+- a request still being sent that sends nothing for `timeout_idle_s` is
+  dropped (the application sees a disconnect); time the server itself stops
+  reading (flow control) does not count.
+
+Idle keep-alive connections between requests are uvicorn's
+(`timeout_keep_alive`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from kiln.config import ServerConfig
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_header_bytes: int
+    max_header_count: int
+    timeout_header_s: float
+    timeout_idle_s: float
+
+    @classmethod
+    def of(cls, config: ServerConfig) -> HttpLimits:
+        return cls(config.max_header_bytes, config.max_header_count, config.timeout_header_s, config.timeout_idle_s)
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: httptools stops and uvicorn answers (431, see send_400_response)."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    limits: HttpLimits  # set on the subclass `protocol_class` makes
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._rejection: bytes | None = None
+        self._start_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._receiving:
+            self._arm_idle()
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
+            self._reject_head(f"request head exceeds {self.limits.max_header_bytes} bytes")
+
+    # ---- parser callbacks ------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._in_head:
+            self._start_head()
+
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        self._check_head()
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        self._head_count += 1
+        self._check_head()
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._receiving = False
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._rejection is None:
+            super().send_400_response(msg)
+            return
+        self.transport.write(self._rejection)
+        self.transport.close()
+
+    # ---- limits ----------------------------------------------------------------
+    def _start_head(self) -> None:
+        self._in_head, self._receiving = True, True
+        self._head_bytes = self._head_size = self._head_count = 0
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.limits.timeout_header_s, self._head_timed_out)
+        self._arm_idle()
+
+    def _check_head(self) -> None:
+        if self._head_count > self.limits.max_header_count:
+            self._rejection = _response(431, f"more than {self.limits.max_header_count} request headers")
+            raise _HeadTooLarge
+        if self._head_size > self.limits.max_header_bytes:
+            self._rejection = _response(431, f"request head exceeds {self.limits.max_header_bytes} bytes")
+            raise _HeadTooLarge
+
+    def _reject_head(self, message: str) -> None:
+        self._cancel_timers()
+        self.transport.write(_response(431, message))
+        self.transport.close()
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            self._cancel_timers()
+            self.transport.write(_response(408, f"request head not received within {self.limits.timeout_header_s}s"))
+            self.transport.close()
+
+    def _arm_idle(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = self.loop.call_later(self.limits.timeout_idle_s, self._idle_timed_out)
+
+    def _idle_timed_out(self) -> None:
+        self._idle_timer = None
+        if not self._receiving or self.transport.is_closing():
+            return
+        if self.flow is not None and self.flow.read_paused:
+            self._arm_idle()  # the server is not reading: the client is not idle
+            return
+        self._cancel_timers()
+        self.transport.close()  # an unfinished request: its handler sees a disconnect
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._head_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._idle_timer = None
+
+
+def _response(status: int, message: str) -> bytes:
+    reason = {408: "Request Timeout", 431: "Request Header Fields Too Large"}[status]
+    body = message.encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+def protocol_class(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
+    """The protocol uvicorn instantiates per connection, with these limits."""
+    return type("KilnHttpProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})

@@ -1,0 +1,43 @@
+"""The `llm` backend's KServe parameters (text_input, max_tokens, temperature)
+obey the same limits as the OpenAI routes: prompts per request, the server's
+max_tokens_limit, integer token counts (issue 17)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln.dataplane.llm_model import DEFAULT_MAX_TOKENS, _rows
+from kiln.errors import InvalidRequestError
+from kiln.serving.types import InferRequest
+
+
+def request(prompts: int = 1, **columns) -> InferRequest:
+    inputs = {"text_input": np.array([b"hi"] * prompts, dtype=object)}
+    inputs.update({name: np.asarray(values) for name, values in columns.items()})
+    return InferRequest("tiny", inputs)
+
+
+def test_rows_carry_each_prompts_parameters():
+    rows = _rows(request(2, max_tokens=np.array([3, 5], np.int32), temperature=np.array([0.0, 0.5], np.float32)))
+    assert [(p, s.max_tokens, s.temperature) for p, s in rows] == [("hi", 3, 0.0), ("hi", 5, 0.5)]
+
+
+def test_the_default_max_tokens_respects_the_servers_limit():
+    assert _rows(request())[0][1].max_tokens == DEFAULT_MAX_TOKENS
+    assert _rows(request(), max_tokens_limit=4)[0][1].max_tokens == min(4, DEFAULT_MAX_TOKENS)
+
+
+@pytest.mark.parametrize(("req", "param", "words"), [
+    (request(9), "text_input", "at most 8 per request"),
+    (request(max_tokens=np.array([9], np.int64)), "max_tokens", "limit of 8"),
+    (request(max_tokens=np.array([2**64 - 1], np.uint64)), "max_tokens", "limit of 8"),
+    (request(max_tokens=np.array([np.nan], np.float32)), "max_tokens", "integer tensor"),
+    (request(max_tokens=np.array([3.5], np.float64)), "max_tokens", "integer tensor"),
+    (request(2, max_tokens=np.array([3], np.int32)), "max_tokens", "1 values for 2 prompts"),
+    (request(temperature=np.array([np.nan], np.float32)), "temperature", "temperature"),
+], ids=["prompts", "max_tokens", "uint64", "nan", "float", "count", "temperature"])
+def test_bad_parameters_are_invalid_requests_naming_the_field(req, param, words):
+    with pytest.raises(InvalidRequestError, match=words) as caught:
+        _rows(req, max_rows=8, max_tokens_limit=8)
+    assert caught.value.param == param or param in str(caught.value)

@@ -1,0 +1,155 @@
+"""The control plane, locked down (issue 17): load/unload off unless asked for,
+engine paths in a config confined to the model's version directory, errors
+that do not reveal host paths; and one model's load failure (an `llm` too)
+leaves the server and the other models serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from starlette.testclient import TestClient
+
+from kiln.config import ServerConfig
+from kiln.dataplane.dataplane import DataPlane
+from kiln.dataplane.llm_model import engine_options
+from kiln.errors import ConfigError, ForbiddenError, ModelLoadError
+from kiln.server.app import build_app
+from tests.unit.dataplane.planes import repository_plane
+from tests.unit.serving.models import DOUBLER_PY, doubler_config, write_model
+
+LLM_IO = {
+    "inputs": [{"name": "text_input", "datatype": "BYTES", "dims": [1]}],
+    "outputs": [{"name": "text_output", "datatype": "BYTES", "dims": [1]}],
+}
+
+
+def llm_config(model: str) -> dict:
+    return {"backend": "llm", **LLM_IO, "parameters": {"model": model, "kv_cache_memory_gib": 0.01}}
+
+
+def test_model_control_is_off_by_default(tmp_path):
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+
+    async def main():
+        plane = DataPlane(ServerConfig(model_repository=str(tmp_path)))
+        await plane.start()
+        try:
+            for call in (plane.load_model("doubler"), plane.unload_model("doubler")):
+                with pytest.raises(ForbiddenError, match="--model-control explicit") as e:
+                    await call
+                assert e.value.http_status == 403 and e.value.grpc_code == "PERMISSION_DENIED"
+            return plane.model_states()
+        finally:
+            await plane.shutdown()
+
+    assert asyncio.run(main()) == {"doubler": "ready"}
+
+
+@pytest.mark.parametrize("model", ["/etc", "../../elsewhere", "weights/../../x", ""])
+def test_llm_paths_must_stay_in_the_version_directory(tmp_path, model):
+    version = tmp_path / "llm" / "1"
+    version.mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        engine_options({"model": model}, version)
+    assert str(tmp_path) not in e.value.message and e.value.param == "model"
+
+
+def test_a_symlink_out_of_the_version_directory_is_refused(tmp_path):
+    version = tmp_path / "repo" / "llm" / "1"
+    version.mkdir(parents=True)
+    os.symlink(tmp_path / "outside", version / "weights")
+    with pytest.raises(ConfigError, match="leaves the version directory"):
+        engine_options({"model": "weights", "draft_model": "weights"}, version)
+    (version / "inside").mkdir()
+    options = engine_options({"model": "inside", "dtype": "float32"}, version)
+    assert options == {"model": str((version / "inside").resolve()), "dtype": "float32"}
+    assert engine_options({"model": "/anywhere.gguf"}, None) == {"model": "/anywhere.gguf"}  # command line
+
+
+def test_a_load_override_cannot_point_an_llm_at_the_host(tmp_path):
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+    outside = tmp_path.parent / "secret.gguf"
+
+    async def main():
+        plane = repository_plane(tmp_path, engine_mode="thread")
+        await plane.start()
+        try:
+            messages = []
+            for model in (str(outside), "../../secret.gguf", "missing.gguf"):
+                with pytest.raises(ModelLoadError) as e:
+                    await plane.load_model("doubler", {"config": llm_config(model)})
+                messages.append(e.value.message)
+            return messages, plane.model_states()
+        finally:
+            await plane.shutdown()
+
+    messages, states = asyncio.run(main())
+    assert "must be a relative path" in messages[0] and "must be a relative path" in messages[1]
+    for message in messages:  # the first echoes the client's own path; none names the repository's
+        assert str(tmp_path) not in message, message
+    assert "<repository>/doubler/1/missing.gguf" in messages[2]
+    assert states == {"doubler": "ready"}  # the failed reloads left version 1 serving
+
+
+def test_one_llm_failing_to_load_leaves_the_server_and_the_others_serving(tmp_path):
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+    write_model(tmp_path, "broken_llm", llm_config("missing.gguf"), {1: {"README": "no weights here"}})
+    plane = DataPlane(ServerConfig(model_repository=str(tmp_path), engine_mode="thread"))
+    fatal: list[str] = []
+    with TestClient(build_app(plane, on_fatal=fatal.append)) as client:
+        for _ in range(600):
+            states = client.get("/health").json()["models"]
+            if "loading" not in states.values():
+                break
+            asyncio.run(asyncio.sleep(0.05))
+        assert states == {"doubler": "ready", "broken_llm": "unavailable"}
+        assert client.get("/v2/health/live").status_code == 200
+        r = client.post("/v2/models/doubler/infer",
+                        json={"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]})
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2.0, 4.0]
+        index = {row["name"]: row for row in client.post("/v2/repository/index", json={}).json()}
+        assert index["broken_llm"]["state"] == "UNAVAILABLE" and str(tmp_path) not in index["broken_llm"]["reason"]
+    assert fatal == []
+
+
+def test_hostile_loads_over_http_and_grpc_are_400_and_inference_goes_on(tmp_path):
+    """With --model-control explicit, a load whose override points an `llm` at the
+    host is refused over both transports (400 / INVALID_ARGUMENT naming the rule,
+    no repository path), while requests in flight beside them are answered."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    from tests.integration.openai.live import free_port
+
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+    port = free_port()
+    plane = repository_plane(tmp_path, grpc_port=port, engine_mode="thread")
+    hostile = json.dumps(llm_config("/etc/passwd"))
+    good = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    with TestClient(build_app(plane)) as client:
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+
+        def http_load():
+            return client.post("/v2/repository/models/doubler/load", json={"parameters": {"config": hostile}})
+
+        def grpc_load():
+            with pytest.raises(InferenceServerException) as e:
+                grpc.load_model("doubler", config=json.dumps(llm_config("../../secret.gguf")))
+            return e.value
+
+        with ThreadPoolExecutor(6) as pool:
+            loads = [pool.submit(http_load), pool.submit(grpc_load)]
+            infers = [pool.submit(client.post, "/v2/models/doubler/infer", json=good) for _ in range(4)]
+            r, refused = loads[0].result(), loads[1].result()
+            answers = [f.result() for f in infers]
+        assert r.status_code == 400 and "must be a relative path" in r.json()["error"], r.text
+        assert "INVALID_ARGUMENT" in str(refused.status()) and "must be a relative path" in refused.message()
+        for message in (r.text, refused.message()):
+            assert str(tmp_path) not in message
+        assert [a.json()["outputs"][0]["data"] for a in answers] == [[2.0, 4.0]] * 4
+        assert grpc.is_model_ready("doubler")
+        grpc.close()
