@@ -72,7 +72,7 @@ def hf_model_from_checkpoint(path: str, dtype: torch.dtype):
         tie_word_embeddings=a.tie_word_embeddings,
     )
     model = LlamaForCausalLM(config)
-    model.load_state_dict(ckpt.weights, strict=False)
+    model.load_state_dict(ckpt.dequantized_weights(), strict=False)
     if a.tie_word_embeddings:
         model.tie_weights()
     return model.to(dtype).eval()

@@ -26,7 +26,7 @@ def field_help(f: dataclasses.Field) -> tuple[str, tuple[Any, ...] | None]:
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3")
 DEVICES = ("cpu", "cuda")
-QUANTIZATIONS = (None, "int8", "int4")
+QUANTIZATIONS = (None, "int8", "int4", "float")
 QUANT_GROUP_SIZES = (32, 64, 128, 256)
 
 
@@ -43,9 +43,16 @@ class ModelConfig:
     max_model_len: int | None = option(None, "longest prompt + output in tokens (default: the model's context)")
     seed: int = option(0, "seed of weight-independent randomness (sampling without a request seed)")
     quantization: str | None = option(
-        None, "weight-only quantization: int8 (per output channel) or int4 (group-wise)", ("int8", "int4")
+        None,
+        "weight-only quantization: int8 (per output channel) or int4 (group-wise); unset keeps what a "
+        "pre-quantized checkpoint stores as int4 (GPTQ, AWQ, GGUF Q4_0/Q4_1/Q4_K) and the rest float; "
+        "float dequantizes everything",
+        ("int8", "int4", "float"),
     )
-    quant_group_size: int = option(32, "int4 group length along the input dimension", QUANT_GROUP_SIZES)
+    quant_group_size: int = option(
+        32, "int4 group length along the input dimension (of weights Kiln quantizes; stored codes keep theirs)",
+        QUANT_GROUP_SIZES,
+    )
     enable_cuda_graphs: bool = option(
         True, "CUDA: replay captured graphs for decode steps (batch padded to the next captured size)"
     )
@@ -223,7 +230,7 @@ class EngineConfig:
         # Weight-only quantization is a post-load transform of the single-process
         # model; the sharded build does not apply it yet, so refuse rather than
         # silently serve unquantized weights.
-        if self.parallel.world_size > 1 and self.model.quantization is not None:
+        if self.parallel.world_size > 1 and self.model.quantization in ("int8", "int4"):
             raise ConfigError(
                 "quantization is not supported with tensor or pipeline parallelism yet", param="quantization"
             )

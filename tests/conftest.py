@@ -37,7 +37,8 @@ def smollm2_tokenizer(smollm2_path):
 
 @pytest.fixture(scope="session")
 def smollm2_checkpoint(smollm2_path):
-    """kiln Checkpoint of SmolLM2 (float32 weights, HF names). Do not mutate."""
+    """kiln Checkpoint of SmolLM2 (HF names; the Q4_1 projections kept as int4
+    in `quantized`, the rest float32). Do not mutate."""
     from kiln.llm.models.loader import load_checkpoint
 
     return load_checkpoint(smollm2_path)

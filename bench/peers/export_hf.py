@@ -59,7 +59,7 @@ def export(gguf: Path, out: Path, dtype: torch.dtype) -> None:
     gen = {"bos_token_id": a.bos_token_id, "eos_token_id": config["eos_token_id"], "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     # Tied embeddings: lm_head is absent from the GGUF and from this file.
-    tensors = {k: v.to(dtype).contiguous() for k, v in ckpt.weights.items()}
+    tensors = {k: v.to(dtype).contiguous() for k, v in ckpt.dequantized_weights().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", "source": str(gguf)})
     hf_tok = tok.hf
     if tok.chat_template and not hf_tok.chat_template:

@@ -33,13 +33,13 @@ log = logging.getLogger(__name__)
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
     model = registry.build_model(checkpoint.arch, max_model_len)
-    model.load_weights(checkpoint.weights, checkpoint.source)
+    model.load_weights(checkpoint.weights, checkpoint.source, checkpoint.quantized)
     return finish_model(model, config)
 
 
 def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
-    """A loaded float32 model, finished as the config asks (LlamaModel.finish);
-    a dtype left "auto" is decided here (build_engine_core decides and logs it first)."""
+    """A loaded model, finished as the config asks (LlamaModel.finish); a dtype
+    left "auto" is decided here (build_engine_core decides and logs it first)."""
     device = require_device(config.model.device)
     if config.model.dtype == "auto":
         config = dataclasses.replace(config, model=dataclasses.replace(
@@ -113,7 +113,9 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
         arch, reader, tokenizer_path = open_weights(path)
         checkpoint = Checkpoint(arch=arch, weights={}, tokenizer_path=tokenizer_path, source=path)
     else:
-        reader = DictReader(checkpoint.weights)
+        if checkpoint.quantized:
+            log.info("tensor/pipeline parallelism runs float weights: the stored int4 projections are dequantized")
+        reader = DictReader(checkpoint.dequantized_weights())
     check_splittable(checkpoint.arch, p.tensor_parallel_size, p.pipeline_parallel_size)
     config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights))  # once, for every rank
     max_model_len = decide_max_model_len(checkpoint, config)

@@ -12,8 +12,8 @@
 //
 // A projection is given as the tensors its Linear module holds: [w] fp32 or
 // bf16 (the model's dtype: x, the norms and the outputs are in it too),
-// [w int8, scales fp32] or [codes uint8, scale_min fp16] (int4, with its
-// group size; fp32 models only). The families with Llama's layer plus small variations pass
+// [w int8, scales fp32] or [codes uint8, scale_min fp16 or fp32] (int4, with
+// its group size; fp32 models only). The families with Llama's layer plus small variations pass
 // them too: a q|k|v bias added after the projection (Qwen2), RMSNorm over
 // each head of q and k before rope (Qwen3), rope on the first `rotary_dim`
 // dims of a head only (Phi-4-mini; 0: all), a sliding window (Mistral, Phi-3).

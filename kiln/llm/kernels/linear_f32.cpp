@@ -1,7 +1,7 @@
 // fp32-activation linear for CPU: y[M,N] = x[M,K] @ w[N,K]^T, weights as
 // stored: fp32, bf16, int8 with a per-row scale, or int4 in groups with an
-// fp16 scale and min per group (weight-only quantization; the codes are
-// widened in registers, never in memory). bf16 weights here are the AVX2
+// fp16 or fp32 scale and min per group (weight-only quantization; the codes
+// are widened in registers, never in memory). bf16 weights here are the AVX2
 // build's `linear_bf16` (fp32 arithmetic); the AVX512_BF16 build has its own
 // (linear_bf16.cpp, bf16 dot products).
 //
@@ -26,6 +26,7 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <type_traits>
 #include <utility>
 
 #include "kernels.h"
@@ -111,18 +112,33 @@ struct DenseProblem {
 // little-endian 32-bit words, word j holding weight 8s + j of the run in bits
 // 4s .. 4s+3 (s = 0..7): eight weights, one per lane, come out of one
 // register with a shift and a mask, no byte shuffles. scale_min
-// [N, K/G, 2] fp16 (scale, min): w = q * scale + min, dequantized in registers
-// with one FMA; then the dot product runs as for fp32 weights.
+// [N, K/G, 2] (scale, min): w = q * scale + min, dequantized in registers
+// with one FMA; then the dot product runs as for fp32 weights. The
+// parameters are fp16 (uint16_t bits: Kiln's own quantization, GGUF Q4_0/Q4_1)
+// or fp32 (P = float: pre-quantized checkpoints whose scale and min are not
+// exact in fp16, e.g. GPTQ/AWQ zero points, GGUF Q4_K's 6-bit sub-scales).
+template <typename P>
 struct Int4Problem {
   static constexpr int kWideRows = 4, kWideCols = 3, kSingleRowCols = KILN_INT4_SINGLE_ROW_COLS;
   const float* x;
   const uint8_t* codes;
-  const uint16_t* scale_min;
+  const P* scale_min;
   float* y;
   int64_t K, N, G;
 
   int64_t row_bytes() const { return K / 2; }
   int64_t x_row_bytes() const { return K * 4; }
+
+  // (scale, min) of the group holding weight b of a row, then (with G == 32)
+  // those of the next group, as four floats.
+  static __m128 params(const P* p, bool two_groups) {
+    if constexpr (std::is_same_v<P, float>) {
+      return two_groups ? _mm_loadu_ps(p) : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
+    } else {
+      return _mm_cvtph_ps(two_groups ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
+                                     : _mm_cvtsi32_si128(static_cast<int>(p[0] | (uint32_t{p[1]} << 16))));
+    }
+  }
 
   template <int MR, int NR>
   void micro(int64_t m0, int64_t n0) const {
@@ -141,9 +157,7 @@ struct Int4Problem {
       __m256 sv[NR][2], mv[NR][2];  // [n][half of the run]: groups of 32 change mid-run
       for (int n = 0; n < NR; ++n) {
         words[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + n * row_stride));
-        const uint16_t* p = scale_min + ((n0 + n) * groups + b / G) * 2;
-        const __m128 f = _mm_cvtph_ps(G == 32 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
-                                               : _mm_cvtsi32_si128(static_cast<int>(p[0] | (uint32_t{p[1]} << 16))));
+        const __m128 f = params(scale_min + ((n0 + n) * groups + b / G) * 2, G == 32);
         sv[n][0] = _mm256_broadcastss_ps(f);
         mv[n][0] = _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 1));
         sv[n][1] = G == 32 ? _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 2)) : sv[n][0];
@@ -201,7 +215,14 @@ at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return dense<int8_t>(x, w, scales.const_data_ptr<float>());
 }
 
-// x fp32 [M, K] @ int4-group weights (Int4Problem's layout)^T.
+template <typename P>
+void run_w4(const at::Tensor& x, const at::Tensor& codes, const P* scale_min, at::Tensor& y, int64_t group_size) {
+  const Int4Problem<P> p{x.const_data_ptr<float>(), codes.const_data_ptr<uint8_t>(), scale_min,
+                         y.mutable_data_ptr<float>(), codes.size(1) * 2, codes.size(0), group_size};
+  Kernels<Int4Problem<P>>::run(p, x.size(0));
+}
+
+// x fp32 [M, K] @ int4-group weights (Int4Problem's layout)^T; scale_min fp16 or fp32.
 at::Tensor linear_w4(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scale_min_in,
                      int64_t group_size) {
   const int64_t K = codes.size(1) * 2, N = codes.size(0);
@@ -209,14 +230,15 @@ at::Tensor linear_w4(const at::Tensor& x_in, const at::Tensor& codes, const at::
   TORCH_CHECK(group_size > 0 && group_size % 32 == 0 && K % group_size == 0 && K % 64 == 0,
               "linear_w4: group_size must be a multiple of 32 dividing K, and K a multiple of 64");
   const at::Tensor scale_min = scale_min_in.contiguous();
-  TORCH_CHECK(scale_min.scalar_type() == at::kHalf && scale_min.numel() == N * (K / group_size) * 2,
-              "linear_w4: fp16 scale_min [N, K/G, 2] required");
+  const bool fp32 = scale_min.scalar_type() == at::kFloat;
+  TORCH_CHECK((fp32 || scale_min.scalar_type() == at::kHalf) && scale_min.numel() == N * (K / group_size) * 2,
+              "linear_w4: fp16 or fp32 scale_min [N, K/G, 2] required");
   const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty({x.size(0), N}, x.options());
-  const Int4Problem p{x.const_data_ptr<float>(), codes.const_data_ptr<uint8_t>(),
-                      reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()),
-                      y.mutable_data_ptr<float>(), K, N, group_size};
-  Kernels<Int4Problem>::run(p, x.size(0));
+  if (fp32)
+    run_w4(x, codes, scale_min.const_data_ptr<float>(), y, group_size);
+  else
+    run_w4(x, codes, reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()), y, group_size);
   return y;
 }
 

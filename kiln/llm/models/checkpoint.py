@@ -1,20 +1,23 @@
 """A loaded model checkpoint: architecture, weights and where its tokenizer is.
 
 Invariant: every Checkpoint that `loader.load_checkpoint` returns has exactly
-the weights `expected_weight_shapes(arch)` names, with those shapes. Weight
-names are the Hugging Face names of the arch's family (its WeightMap),
+the weights `expected_weight_shapes(arch)` names, with those shapes, each in
+`weights` (float) or `quantized` (a projection read from a pre-quantized
+checkpoint in Kiln's quantized layout, kiln.llm.quant.formats), never both.
+Weight names are the Hugging Face names of the arch's family (its WeightMap),
 whatever the file format was, so model code has one naming scheme per family.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
 from kiln.errors import ModelLoadError
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.registry import expected_weight_shapes
+from kiln.llm.quant.formats.stored import QuantizedWeight
 
 
 @dataclass
@@ -27,10 +30,18 @@ class Checkpoint:
     tokenizer_path: str
     # Human-readable origin (the path loaded), for logs and error messages.
     source: str
+    # HF names -> projections kept in their stored quantized form (absent from `weights`).
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+
+    def dequantized_weights(self) -> dict[str, torch.Tensor]:
+        """Every weight as a float tensor (quantized projections dequantized)."""
+        return {**self.weights, **{name: q.dequantize() for name, q in self.quantized.items()}}
 
 
-def check_weights(arch: ModelArch, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Raise ModelLoadError unless `weights` matches `arch` exactly."""
+def check_weights(
+    arch: ModelArch, weights: Mapping[str, torch.Tensor | QuantizedWeight], source: str
+) -> None:
+    """Raise ModelLoadError unless `weights` (float and quantized) matches `arch` exactly."""
     check_none_missing(arch, weights.keys(), source)
     expected = expected_weight_shapes(arch)
     extra = sorted(weights.keys() - expected.keys())

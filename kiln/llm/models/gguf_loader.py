@@ -2,8 +2,11 @@
 
 Its `general.architecture` picks the family (kiln.llm.models.registry),
 which reads the hyper-parameters and names the tensors; every tensor is
-dequantized to float32 and renamed to its Hugging Face name, with the
-converter's changes undone (GGUFNaming).
+renamed to its Hugging Face name, with the converter's changes undone
+(GGUFNaming). Layer projections stored as Q4_0, Q4_1 or Q4_K stay quantized
+(kiln.llm.quant.formats.gguf_blocks: their codes map 1:1 onto Kiln's int4
+layout); every other tensor (stacked MoE experts included) is dequantized to
+float32, and the log says which types were.
 Shape convention: GGUF lists dims innermost-first (`[cols, rows]`); the
 reader and `gguf.quants.dequantize` hand back numpy arrays shaped
 `[rows, cols]`, which is already the HF/PyTorch `[out_features, in_features]`.
@@ -11,8 +14,10 @@ reader and `gguf.quants.dequantize` hand back numpy arrays shaped
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +34,13 @@ from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.gguf_meta import GLOBAL_NAMES, GGUFMeta, GGUFNaming
 from kiln.llm.models.registry import family_for_gguf, family_of
+from kiln.llm.quant.formats.gguf_blocks import EXACT_INT4_TYPES, gguf_int4_weight
+from kiln.llm.quant.formats.stored import FLOAT_ONLY, QuantizedWeight
+
+log = logging.getLogger(__name__)
 
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_FLOAT_TYPES = ("F32", "F16", "BF16")
 # What a truncated or corrupt file makes the gguf reader raise.
 _CORRUPT_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError)
 
@@ -128,14 +138,50 @@ class GGUFFile:
         return np.ascontiguousarray(self._stacked[1][piece.expert])
 
     def _undo_converter(self, name: str, w: np.ndarray) -> np.ndarray:
-        if self.naming.permute_qk:
-            if name.endswith("self_attn.q_proj.weight"):
-                return unpermute_rows(w, self.arch.num_heads)
-            if name.endswith("self_attn.k_proj.weight"):
-                return unpermute_rows(w, self.arch.num_kv_heads)
+        heads = self._qk_heads(name)
+        if heads is not None:
+            return unpermute_rows(w, heads)
         if self.naming.norm_offset and name.endswith("norm.weight"):
             return w - np.float32(self.naming.norm_offset)
         return w
+
+    def read_quantized(self, name: str) -> QuantizedWeight | None:
+        """The projection `name` in Kiln's int4 layout, straight from its
+        blocks, or None if its type has no exact int4 map (see gguf_blocks)
+        or it is one expert of a stacked-experts tensor (read as float)."""
+        piece = self._pieces[name]
+        tensor, shape = piece.tensor, self.shapes[name]
+        if name in FLOAT_ONLY or len(shape) != 2 or piece.expert is not None:
+            return None
+        if tensor.tensor_type not in EXACT_INT4_TYPES:
+            return None
+        if tuple(int(d) for d in reversed(tensor.shape)) != shape:
+            raise ModelLoadError(f"tensor {tensor.name} in {self.path} has shape "
+                                 f"{tuple(int(d) for d in reversed(tensor.shape))}, expected {shape}")
+        if tensor.data.nbytes != tensor.n_bytes:
+            raise ModelLoadError(f"tensor {tensor.name} in {self.path} is truncated")
+        with _corrupt_as_load_error(self.path):
+            weight = gguf_int4_weight(tensor.data, tensor.tensor_type, *shape)
+        if weight is None:
+            return None
+        heads = self._qk_heads(name)
+        if heads is not None:
+            rows = unpermute_rows(np.arange(shape[0]).reshape(-1, 1), heads)[:, 0]
+            weight = weight.take_rows(torch.from_numpy(rows.copy()))
+        return weight
+
+    def _qk_heads(self, name: str) -> int | None:
+        """The head count whose row permutation the converter applied to `name`, if any."""
+        if not self.naming.permute_qk:
+            return None
+        if name.endswith("self_attn.q_proj.weight"):
+            return self.arch.num_heads
+        if name.endswith("self_attn.k_proj.weight"):
+            return self.arch.num_kv_heads
+        return None
+
+    def tensor_type(self, name: str) -> str:
+        return self._pieces[name].tensor.tensor_type.name
 
 
 @contextlib.contextmanager
@@ -150,8 +196,22 @@ def _corrupt_as_load_error(path: Path) -> Iterator[None]:
 
 def load_gguf(path: Path) -> Checkpoint:
     file = GGUFFile(path)
-    weights = {name: file.read(name) for name in file.names}
-    return Checkpoint(arch=file.arch, weights=weights, tokenizer_path=str(path), source=str(path))
+    weights: dict[str, torch.Tensor] = {}
+    quantized: dict[str, QuantizedWeight] = {}
+    dequantized: Counter[str] = Counter()
+    for name in file.names:
+        weight = file.read_quantized(name)
+        if weight is not None:
+            quantized[name] = weight
+            continue
+        weights[name] = file.read(name)
+        if file.tensor_type(name) not in _FLOAT_TYPES:
+            dequantized[file.tensor_type(name)] += 1
+    log.info(
+        "%s: %d projections kept in their stored int4 blocks; dequantized to float32: %s", path, len(quantized),
+        ", ".join(f"{n} {t}" for t, n in sorted(dequantized.items())) or "none",
+    )
+    return Checkpoint(arch=file.arch, weights=weights, tokenizer_path=str(path), source=str(path), quantized=quantized)
 
 
 def _hf_names(gguf_name: str, naming: GGUFNaming, arch: ModelArch, path: Path) -> list[tuple[str, int | None]]:

@@ -19,6 +19,7 @@ from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.hf_config import as_ids
 from kiln.llm.models.registry import family_for_hf
+from kiln.llm.quant.formats.hf import quant_method, split_prequantized
 
 _INDEX_FILE = "model.safetensors.index.json"
 
@@ -29,11 +30,20 @@ def load_hf_arch(directory: Path) -> ModelArch:
     return arch_from_config(_read_json(config_file), config_file, generation_eos_ids(directory))
 
 
+def quantization_method(directory: Path) -> str | None:
+    """`quantization_config.quant_method` of a HF directory (None: a float checkpoint)."""
+    return quant_method(_read_json(directory / "config.json"))
+
+
 def load_hf_dir(directory: Path) -> Checkpoint:
     arch = load_hf_arch(directory)
-    weights = _load_safetensors(directory)
+    weights, quantized = split_prequantized(
+        _load_safetensors(directory), _read_json(directory / "config.json"), str(directory)
+    )
     _drop_derived_weights(weights, arch)
-    return Checkpoint(arch=arch, weights=weights, tokenizer_path=str(directory), source=str(directory))
+    return Checkpoint(
+        arch=arch, weights=weights, tokenizer_path=str(directory), source=str(directory), quantized=quantized
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -7,10 +7,13 @@ moe.py). Gemma's layer differs more and subclasses this (gemma.py).
 Projections are fused at load time (q|k|v and gate|up), so a layer runs two
 input matmuls instead of five. Weights arrive under the checkpoint's names
 and the family's `WeightMap` says where each goes (`load_weights`).
+Projections a pre-quantized checkpoint stores quantized arrive as such and
+are installed as quantized modules (kiln.llm.quant.formats.stored).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import torch
@@ -31,6 +34,9 @@ from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.weight_map import WeightMap
 from kiln.llm.quant.apply import HEAD_METHOD, quantize_linears, quantize_weight
+from kiln.llm.quant.formats.stored import QuantizedWeight, StoredWeights, settle_prequantized
+
+log = logging.getLogger(__name__)
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 
@@ -178,16 +184,22 @@ class LlamaModel(nn.Module):
         self, device: torch.device, dtype: torch.dtype, quantization: str | None = None, group_size: int = 32,
         head_quantization: str | None = HEAD_METHOD, kv_cache_dtype: torch.dtype | None = None,
     ) -> LlamaModel:
-        """Make the loaded float32 model ready to serve, in place (returns self):
+        """Make the loaded model ready to serve, in place (returns self):
         moved to `device`; the attention backend chosen for the device and the
-        KV pool's dtype (default: `dtype`); its Linears quantized with
-        `quantization` and the LM head given a `head_quantization` copy (None:
-        none, or a float head); cast to `dtype`; fp32 CPU projections packed for
-        prefill; decode layers fused. Quantization precedes the cast, so codes
-        come from the float32 weights."""
+        KV pool's dtype (default: `dtype`); projections quantized as
+        `quantization` says; cast to `dtype`; fp32 CPU projections packed for
+        prefill; decode layers fused.
+
+        `quantization`: None keeps the projections a pre-quantized checkpoint
+        stored quantized (load_weights installed them) and the rest float;
+        "int4" also quantizes the float ones; "int8" quantizes every one
+        (stored int4 dequantized first); "float" dequantizes every one. With
+        "int8"/"int4" the LM head gets a `head_quantization` copy (None: none).
+        Quantization precedes the cast, so codes come from the float32 weights."""
+        settle_prequantized(self, device, keep=quantization in (None, "int4"))
         self.to(device=device)
         install_attention_backend(self, device, kv_cache_dtype or dtype)
-        if quantization is not None:
+        if quantization in ("int8", "int4"):
             quantize_linears(self, quantization, group_size)
             if head_quantization is not None:
                 self.quantize_head(head_quantization, group_size)
@@ -285,12 +297,18 @@ class LlamaModel(nn.Module):
 
         return family_of(self.arch).weight_map(self.arch)
 
-    def load_weights(self, weights: dict[str, torch.Tensor], source: str = "") -> None:
+    def load_weights(
+        self, weights: dict[str, torch.Tensor], source: str = "",
+        quantized: Mapping[str, QuantizedWeight] | None = None,
+    ) -> None:
         """Copy checkpoint tensors into the (fused) parameters, as the family's
-        WeightMap says. Every parameter must be covered; other tensors are not
-        read (a truncated draft model takes the first layers of a whole checkpoint)."""
+        WeightMap says; a projection whose pieces are all in `quantized` (a
+        pre-quantized checkpoint's) gets the fused quantized module instead.
+        Every parameter must be covered; other tensors are not read (a
+        truncated draft model takes the first layers of a whole checkpoint)."""
+        stored = StoredWeights(weights, quantized)
         plan = self.weight_map()
-        missing = sorted(set(plan.checkpoint_shapes()) - weights.keys())
+        missing = sorted(set(plan.checkpoint_shapes()) - stored.names())
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise ModelLoadError(f"{source}: missing weights {', '.join(missing[:5])}{more}")
@@ -299,11 +317,44 @@ class LlamaModel(nn.Module):
         if unmapped:
             raise ModelLoadError(f"{source}: no checkpoint tensor maps to {', '.join(unmapped[:5])}")
         for name, src in plan.items():
-            tensors = [weights[n] for n in src.names]
+            if self._load_prequantized(stored, name, src.names, src.offset, source):
+                continue
+            tensors = [stored.float(n) for n in src.names]
             tensor = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
             if src.offset:
                 tensor = tensor.float() + src.offset
             self._copy(_float_param(params, name), tensor, name, source)
+
+    def _load_prequantized(
+        self, stored: StoredWeights, param: str, names: tuple[str, ...], offset: float, source: str
+    ) -> bool:
+        """Load `param` from quantized checkpoint tensors if any of `names` is
+        one and `param` is a projection's weight; False leaves it to the float copy."""
+        if not param.endswith(".weight") or offset or not any(n in stored.quantized for n in names):
+            return False
+        owner_name = param.removesuffix(".weight")
+        parent_name, _, attr = owner_name.rpartition(".")
+        parent = self.get_submodule(parent_name) if parent_name else self
+        if not isinstance(getattr(parent, attr, None), Linear):
+            log.info("%s: %s is stored quantized but is not a projection here: dequantized to float",
+                     source, owner_name)
+            return False
+        self._load_projection(parent, attr, stored.projection(names), param, source)
+        return True
+
+    @classmethod
+    def _load_projection(
+        cls, parent: nn.Module, attr: str, weight: torch.Tensor | QuantizedWeight, name: str, source: str
+    ) -> None:
+        target = _float_weight(getattr(parent, attr))
+        if isinstance(weight, torch.Tensor):
+            cls._copy(target, weight, name, source)
+            return
+        if tuple(weight.shape) != tuple(target.shape):
+            raise ModelLoadError(
+                f"{source}: weight {name} has shape {tuple(weight.shape)}, expected {tuple(target.shape)}"
+            )
+        setattr(parent, attr, weight.module())  # the float Linear (and its memory) goes
 
     @staticmethod
     def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str, source: str) -> None:
@@ -319,3 +370,10 @@ def _float_param(params: dict[str, nn.Parameter], name: str) -> nn.Parameter:
     if name not in params:
         raise ModelLoadError(f"cannot load weight {name}: not a float parameter (load before finish())")
     return params[name]
+
+
+def _float_weight(projection: nn.Module) -> torch.Tensor:
+    """The weight of a float projection: weights load before quantization."""
+    if not isinstance(projection, Linear):
+        raise ModelLoadError(f"cannot load weights into a {type(projection).__name__}: load before finish()")
+    return projection.weight

@@ -60,5 +60,5 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     """Load a HF Llama directory, a .gguf file, or a directory holding one .gguf."""
     files = locate_model(path)
     ckpt = load_hf_dir(files.path) if files.format == "hf" else load_gguf(files.path)
-    check_weights(ckpt.arch, ckpt.weights, ckpt.source)
+    check_weights(ckpt.arch, {**ckpt.weights, **ckpt.quantized}, ckpt.source)
     return ckpt

@@ -4,7 +4,9 @@
 [start, end) along `dim`, so a rank never keeps a view into a whole tensor.
 For safetensors the slice is read straight from the memory-mapped file
 (`safe_open(...).get_slice`); for GGUF one tensor at a time is dequantized
-and sliced. Either way a worker never materialises the full model: its peak
+and sliced (shards run float weights). Pre-quantized HF directories
+(GPTQ, AWQ, FP8) are refused: their packed tensors do not slice by rows.
+Either way a worker never materialises the full model: its peak
 is its shard plus one whole tensor. The driver slices the Checkpoint dict it
 already holds (`DictReader`).
 """
@@ -16,10 +18,11 @@ from typing import Any, Protocol
 import torch
 from safetensors import safe_open
 
+from kiln.errors import ConfigError
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.models.checkpoint import check_none_missing
 from kiln.llm.models.gguf_loader import GGUFFile
-from kiln.llm.models.hf_loader import load_hf_arch, safetensors_files
+from kiln.llm.models.hf_loader import load_hf_arch, quantization_method, safetensors_files
 from kiln.llm.models.loader import locate_model
 
 
@@ -79,6 +82,13 @@ def open_weights(model_path: str) -> tuple[LlamaArch, WeightReader, str]:
     """(arch, lazy reader, tokenizer path) of a HF directory (safetensors) or a GGUF file."""
     files = locate_model(model_path)
     if files.format == "hf":
+        method = quantization_method(files.path)
+        if method is not None:
+            raise ConfigError(
+                f"{files.path} is a pre-quantized checkpoint ({method}): not supported with tensor or pipeline "
+                "parallelism yet; serve it with tensor_parallel_size=pipeline_parallel_size=1",
+                param="tensor_parallel_size",
+            )
         arch = load_hf_arch(files.path)
         return arch, SafetensorsReader(files.path, arch), str(files.path)
     reader = GGUFWeightReader(files.path)

@@ -33,7 +33,7 @@ def int4_supported(in_features: int, out_features: int, group_size: int, device:
         return False
     if device.type == "cuda":
         return out_features % 8 == 0 and in_features % (INNER_K_TILES * 16) == 0
-    return True
+    return out_features % 16 == 0  # _convert_weight_to_int4pack_for_cpu's requirement
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,7 +11,9 @@ of `group_size` weights along the input dimension); the storage differs:
 
 fp16 parameters cost 0.125 bytes per weight at groups of 32 (fp32: 0.25),
 which matters because batch-1 decode is bound by the bytes it reads; they
-are what GGUF Q4_1 stores too. `quantize_int4_fp16` picks the codes against
+are what GGUF Q4_1 stores too. The kernel also takes float32 scale_min, for
+pre-quantized checkpoints whose parameters fp16 cannot hold exactly
+(kiln.llm.quant.formats). `quantize_int4_fp16` picks the codes against
 the fp16-rounded grid, so the error per weight stays within half a step
 (plus fp16 rounding of the min).
 
@@ -57,11 +59,15 @@ def quantize_int4_fp16(weight: torch.Tensor, group_size: int) -> tuple[torch.Ten
 
 
 def pack_codes(q: torch.Tensor) -> torch.Tensor:
-    """int32 codes [N, K] in 0..15 -> uint8 [N, K/2] in the kernel's layout."""
+    """int codes [N, K] in 0..15 -> uint8 [N, K/2] in the kernel's layout.
+
+    Byte b of little-endian word j of a run holds weights 8(2b) + j (low
+    nibble) and 8(2b+1) + j (high nibble), so the packing is one pairing of
+    nibbles and a transpose, in bytes."""
     n, k = q.shape
-    runs = q.reshape(n, k // RUN, 8, 8).to(torch.int64)  # [row, run, s, j]
-    words = (runs << (4 * torch.arange(8)).view(1, 1, 8, 1)).sum(dim=2)  # [row, run, j]
-    return torch.from_numpy(words.numpy().astype("<u4").view(np.uint8).reshape(n, k // 2))
+    runs = q.to(torch.uint8).numpy().reshape(n, k // RUN, 4, 2, 8)  # [row, run, byte b, low/high, word j]
+    pairs = runs[:, :, :, 0, :] | (runs[:, :, :, 1, :] << 4)  # [row, run, b, j]
+    return torch.from_numpy(np.ascontiguousarray(pairs.transpose(0, 1, 3, 2)).reshape(n, k // 2))
 
 
 def unpack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -73,7 +79,7 @@ def unpack_codes(codes: torch.Tensor) -> torch.Tensor:
 class Int4CpuLinear(QuantizedLinear):
     _kernel_buffers = ("scale_min",)
     codes: torch.Tensor  # uint8 [N, K/2]
-    scale_min: torch.Tensor  # float16 [N, K/G, 2]
+    scale_min: torch.Tensor  # float16 (or float32) [N, K/G, 2]
 
     def __init__(self, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int):
         super().__init__()
@@ -89,7 +95,8 @@ class Int4CpuLinear(QuantizedLinear):
 
     def dequantized_weight(self) -> torch.Tensor:
         """float32 [N, K]: q * scale + min (the kernel fuses it into one FMA;
-        equal up to one rounding, exactly for GGUF Q4_1 parameters)."""
+        equal whenever q * scale is exact in float32, as for fp16 scales and
+        every pre-quantized format Kiln reads)."""
         n, k = self.out_features, self.in_features
         q = unpack_codes(self.codes).float().reshape(n, k // self.group_size, self.group_size)
         sm = self.scale_min.float()

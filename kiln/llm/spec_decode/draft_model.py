@@ -36,7 +36,7 @@ def truncated_model(checkpoint: Checkpoint, num_layers: int, max_positions: int)
     """The checkpoint's first `num_layers` layers + final norm + LM head."""
     arch = truncated_arch(checkpoint.arch, num_layers)
     model = build_model(arch, max_positions)
-    model.load_weights(checkpoint.weights, checkpoint.source)  # later layers' tensors are not read
+    model.load_weights(checkpoint.weights, checkpoint.source, checkpoint.quantized)  # later layers: not read
     return model
 
 

@@ -104,6 +104,17 @@ def test_bad_quantization_is_a_config_error_naming_the_parameter(bad):
     assert "quantization" in info.value.message
 
 
+def test_float_is_a_mode_and_only_int8_int4_refuse_parallelism():
+    from kiln.config import EngineConfig
+
+    assert EngineConfig.from_flat(quantization="float").model.quantization == "float"
+    assert EngineConfig.from_flat(quantization="float", tensor_parallel_size=2).parallel.world_size == 2
+    for method in ("int8", "int4"):
+        with pytest.raises(ConfigError, match="not supported with tensor or pipeline parallelism") as info:
+            EngineConfig.from_flat(quantization=method, tensor_parallel_size=2)
+        assert info.value.param == "quantization"
+
+
 def test_bad_group_size_is_a_config_error():
     with pytest.raises(ConfigError) as info:
         ModelConfig(quantization="int4", quant_group_size=48)
@@ -117,9 +128,10 @@ def test_flat_options_and_cli_flag_reach_the_config():
     assert EngineConfig.from_flat(quantization="int4", quant_group_size=64).model.quantization == "int4"
     parser, names = build_parser()
     for command in ("serve", "generate"):
-        argv = [command, "--quantization", "int8"] + (["--prompt", "hi"] if command == "generate" else [])
-        args = parser.parse_args(argv)
-        assert given(args, names["engine"])["quantization"] == "int8"
+        for method in ("int8", "float"):
+            argv = [command, "--quantization", method] + (["--prompt", "hi"] if command == "generate" else [])
+            args = parser.parse_args(argv)
+            assert given(args, names["engine"])["quantization"] == method
 
 
 def test_quantize_head_none_returns_to_the_float_head_only_while_it_exists():

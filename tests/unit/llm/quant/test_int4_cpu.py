@@ -1,7 +1,6 @@
 """int4 in Kiln's CPU kernel format: the packed layout,
 the quantization error bound with fp16 parameters, the kernel against fp64
 F.linear on the dequantized weight, row independence, and the fallback."""
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,7 +8,6 @@ import torch.nn.functional as F
 from kiln.llm.kernels import ops
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.quant import int4_cpu
-from kiln.llm.quant.gguf_q4_1 import q4_1_to_int4
 from kiln.llm.quant.int4_cpu import Int4CpuLinear, pack_codes, quantize_int4_fp16, unpack_codes
 
 needs_kernels = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
@@ -32,16 +30,6 @@ def test_pack_puts_eight_weights_per_word_one_nibble_per_step():
         for j in range(8):
             assert (words[1, 1, j] >> (4 * s)) & 0xF == q[1, 64 + 8 * s + j]
     assert torch.equal(unpack_codes(codes), q)
-
-
-def test_gguf_q4_1_codes_pack_without_a_float_round_trip():
-    rng = np.random.default_rng(0)
-    rows, cols = 3, 128
-    blocks = np.zeros((rows, cols // 32, 20), dtype=np.uint8)
-    blocks[..., 0:2] = np.array([0.01], dtype=np.float16).view(np.uint8)
-    blocks[..., 4:] = rng.integers(0, 256, (rows, cols // 32, 16), dtype=np.uint8)
-    q, _, _ = q4_1_to_int4(blocks.reshape(rows, -1), rows, cols)
-    assert torch.equal(unpack_codes(pack_codes(q)), q)
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
@@ -73,6 +61,23 @@ def test_kernel_matches_f_linear_on_the_dequantized_weight(rows, group_size):
 
 
 @needs_kernels
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_fp32_parameters_compute_what_fp16_ones_do_and_their_own_values(group_size):
+    # The same values as fp32: bit-identical results (same FMA per weight).
+    layer = Int4CpuLinear.from_float(weight(), group_size)
+    x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(7))
+    fp32 = Int4CpuLinear(layer.codes, layer.scale_min.float(), group_size)
+    assert torch.equal(fp32(x), layer(x))
+    # Values fp16 cannot hold: the kernel uses them, not a rounded copy.
+    sm = layer.scale_min.float() * (1 + 2**-15)
+    exact = Int4CpuLinear(layer.codes, sm, group_size)
+    assert not torch.equal(sm.half().float(), sm)
+    ref = F.linear(x.double(), exact.dequantized_weight().double()).float()
+    torch.testing.assert_close(exact(x), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    assert not torch.equal(exact(x), layer(x))
+
+
+@needs_kernels
 @pytest.mark.parametrize("threads", [1, 2])
 def test_each_row_is_independent_of_the_others(threads):
     layer = Int4CpuLinear.from_float(weight(), 64)
@@ -93,7 +98,7 @@ def test_kernel_rejects_what_it_does_not_take():
     layer = Int4CpuLinear.from_float(weight(8, 64), 32)
     x = torch.randn(2, 64)
     assert ops.linear_w4(x.double(), layer.codes, layer.scale_min, 32) is None
-    assert ops.linear_w4(x, layer.codes, layer.scale_min.float(), 32) is None
+    assert ops.linear_w4(x, layer.codes, layer.scale_min.double(), 32) is None
     with pytest.raises(RuntimeError, match="group_size"):
         torch.ops.kiln.linear_w4(x, layer.codes, layer.scale_min, 48)
     with pytest.raises(RuntimeError, match="shape mismatch"):

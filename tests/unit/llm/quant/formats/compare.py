@@ -1,0 +1,48 @@
+"""How the format tests compare a pre-quantized load with the float model."""
+from __future__ import annotations
+
+import torch
+from transformers import LlamaForCausalLM
+
+from kiln.config import EngineConfig
+from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
+from kiln.llm.engine.builder import build_model
+from kiln.llm.models.checkpoint import Checkpoint
+
+IDS = list(range(100, 132))
+# Logits against the float model, relative to their largest magnitude: the
+# bound tests/unit/llm/quant/test_apply.py holds Kiln's own int4 to on random
+# weights (on this model Kiln's int4 measures 0.11, its int8 0.008). FP8 e4m3
+# keeps 3 mantissa bits (rounding up to 1/16 of each weight, where int8 rounds
+# by at most 1/254 of its row's largest), so its bound lies between: twice the
+# 0.03 that test_apply allows int8 (measured here: 0.029-0.035).
+INT4_BOUND, FP8_BOUND = 0.25, 0.06
+
+
+def hf_logits(model: LlamaForCausalLM, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """transformers' logits for IDS, with `state` loaded over the model's weights if given."""
+    if state is not None:
+        replaced = LlamaForCausalLM(model.config).eval()
+        replaced.load_state_dict({**model.state_dict(), **state})
+        model = replaced
+    with torch.inference_mode():
+        return model(torch.tensor([IDS])).logits[0].float()
+
+
+def kiln_model(ckpt: Checkpoint, **options):
+    # float32 unless asked: the references are float32 transformers (auto is bf16 on AVX512_BF16 CPUs).
+    config = EngineConfig.from_flat(model=ckpt.source, **{"dtype": "float32", **options})
+    return build_model(ckpt, config, max_model_len=64)
+
+
+def kiln_logits(model) -> torch.Tensor:
+    a, n = model.arch, len(IDS)
+    kv = [torch.zeros(2, n, a.num_kv_heads, a.head_dim) for _ in range(a.num_layers)]
+    pos = torch.arange(n)
+    meta = AttentionMetadata(slot_mapping=pos, block_size=n, prefills=[PrefillSeq(0, n, n, None)])
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor(IDS), pos, kv, meta))
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out - ref).abs().max() / ref.abs().max())
