@@ -125,7 +125,7 @@ def test_smollm2_in_bfloat16_tracks_transformers_in_bfloat16(make_smollm2_engine
     from kiln.llm.kernels.ops import kernels_loaded
 
     hf = copy.deepcopy(smollm2_hf_model).to(torch.bfloat16)
-    llm = make_smollm2_engine(dtype="bfloat16", kv_cache_memory_gib=0.25)
+    llm = make_smollm2_engine(dtype="bfloat16", quantization="float", kv_cache_memory_gib=0.25)
     model = llm.engine.core.runner.model
     assert model.embed_tokens.dtype == torch.bfloat16
     assert (model.fused_layers is not None) == kernels_loaded()  # bf16 decode steps take the fused layer
