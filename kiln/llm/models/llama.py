@@ -246,7 +246,7 @@ class LlamaModel(nn.Module):
         """Returns final hidden states [T, hidden] (normed)."""
         x = self.embed(input_ids)
         rope = self.rotary.tables(positions)
-        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0]):
+        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0], x.dtype):
             return self.norm(fused_decode.run(self.fused_layers, self.arch, x, rope, kv_caches, meta))
         local = self.local_rotary.tables(positions) if self.local_rotary is not None else rope
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=False):
