@@ -5,7 +5,7 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from kiln import LLM
-from kiln.llm.models.llama import LlamaMLP
+from kiln.llm.models.mlp import LlamaMLP
 from kiln.llm.models.moe import SparseMoeBlock
 from tests.unit.llm.models.families import tiny
 
