@@ -6,10 +6,11 @@ separate pools as in a real step (30 layers: the pools do not fit in L3),
 blocks scattered at random over each pool (as after a while of serving) or
 laid out in order (`--contiguous`). Each `--pool-dtypes` entry is timed in
 turn, repeat after repeat, so slow phases of a shared machine hit all of
-them. Bytes = the keys and values the batch reads.
+them. Bytes = the keys and values the batch reads. `--q-dtype bfloat16`
+gives the queries of a bf16 model (widened in the kernel, output rounded).
 
     .venv/bin/python bench/paged_attention.py [--batch 64] [--context 320] [--threads 2] \
-        [--pool-dtypes float32,float16,bfloat16]
+        [--pool-dtypes float32,float16,bfloat16] [--q-dtype float32]
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--contiguous", action="store_true")
     ap.add_argument("--pool-dtypes", default="float32,float16,bfloat16")
+    ap.add_argument("--q-dtype", default="float32", choices=sorted(DTYPES))
     args = ap.parse_args()
     if not kernels_loaded():
         raise SystemExit("kernels not built: run `python -m kiln.llm.kernels.build`")
@@ -50,7 +52,7 @@ def main() -> None:
 
     pools = {name: [layer(DTYPES[name]) for _ in range(args.layers)] for name in args.pool_dtypes.split(",")}
     lens = torch.full((batch,), ctx, dtype=torch.long)
-    q = torch.randn(batch, kv_heads * group, head_dim)
+    q = torch.randn(batch, kv_heads * group, head_dim).to(DTYPES[args.q_dtype])
     times: dict[str, list[float]] = {name: [] for name in pools}
     for _ in range(args.repeats):
         for name, layers in pools.items():
@@ -62,8 +64,9 @@ def main() -> None:
     for name, ts in times.items():
         t = statistics.median(ts)
         nbytes = 2 * batch * ctx * kv_heads * head_dim * torch.finfo(DTYPES[name]).bits // 8 * args.layers
-        print(f"{name} pool, batch {batch} context {ctx} threads {args.threads} {layout}, {args.layers} layers: "
-              f"median {t * 1e3:.1f} ms (min {min(ts) * 1e3:.1f}), {nbytes / t / 1e9:.1f} GB/s of K/V")
+        print(f"{name} pool, {args.q_dtype} q, batch {batch} context {ctx} threads {args.threads} {layout}, "
+              f"{args.layers} layers: median {t * 1e3:.1f} ms (min {min(ts) * 1e3:.1f}), "
+              f"{nbytes / t / 1e9:.1f} GB/s of K/V")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def field_help(f: dataclasses.Field) -> tuple[str, tuple[Any, ...] | None]:
     """(help, choices) declared for a config field by `option`."""
     return f.metadata.get("help", ""), f.metadata.get("choices")
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3")
 DEVICES = ("cpu", "cuda")
 QUANTIZATIONS = (None, "int8", "int4", "float")
@@ -33,7 +33,12 @@ QUANT_GROUP_SIZES = (32, 64, 128, 256)
 @dataclass(frozen=True)
 class ModelConfig:
     model: str | None = option(None, "HF model directory or .gguf file (default: the installed SmolLM2 GGUF)")
-    dtype: str = option("float32", "compute and weight dtype", DTYPES)
+    dtype: str = option(
+        "auto",
+        "compute and weight dtype; auto: bfloat16 on CPUs with AVX512_BF16 or AMX (and Kiln's bf16 kernels), "
+        "float32 on other CPUs, the checkpoint's dtype on CUDA",
+        DTYPES,
+    )
     device: str = option("cpu", "device to run on: cpu, cuda or cuda:N")
     max_model_len: int | None = option(None, "longest prompt + output in tokens (default: the model's context)")
     seed: int = option(0, "seed of weight-independent randomness (sampling without a request seed)")

@@ -100,7 +100,8 @@ class ServedLLM:
             self.load_error = e.message if isinstance(e, KilnError) else f"{type(e).__name__}: {e}"
             log.error("model %s failed to load: %s", self.name, self.load_error)
             raise
-        log.info("model %s ready (max_model_len %d)", self.name, self.engine.max_model_len)
+        info = self.engine.info
+        log.info("model %s ready (max_model_len %d, dtype %s)", self.name, info.max_model_len, info.dtype or "?")
         self._supervisor = asyncio.create_task(self._supervise(), name=f"kiln-supervise-{self.name}")
 
     async def _start_engine(self) -> AsyncLLM:

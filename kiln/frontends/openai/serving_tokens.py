@@ -42,6 +42,8 @@ def list_models(dataplane: DataPlane, created: int) -> dict:
         if served is not None and served.engine is not None and served.engine.info is not None:
             card["root"] = served.engine.info.source
             card["max_model_len"] = served.engine.max_model_len
+            if served.engine.info.dtype:
+                card["dtype"] = served.engine.info.dtype
         data.append(card)
     for name in dataplane.llm_route_names():  # a route is a model name to clients
         data.append({"id": name, "object": "model", "created": created, "owned_by": "kiln", "kiln_route": True})

@@ -2,9 +2,10 @@
 
 The reference runs on CPU and CUDA with plain tensor ops: decodes are
 batched into one SDPA call over gathered, padded contexts; prefill chunks go
-one at a time (they are compute-bound, so the loop costs little). On fp32
-CPU, decodes take Kiln's paged kernel instead, which reads the pool in place
-(kiln/llm/kernels/paged_attention.cpp); results agree to float rounding.
+one at a time (they are compute-bound, so the loop costs little). On CPU
+(fp32, bf16 or fp16 queries), decodes take Kiln's paged kernel instead, which
+reads the pool in place (kiln/llm/kernels/paged_attention.cpp); results
+agree to float rounding.
 
 A layer's `AttentionOptions` (softmax scale, sliding window, logit
 soft-capping) are fixed when its backend is made. A sliding window is a

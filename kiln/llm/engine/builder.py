@@ -11,9 +11,11 @@ from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
+from kiln.llm.engine.loop import memory_bytes
 from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
+from kiln.llm.models.dtype_choice import checkpoint_dtype, choose_dtype
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.parallel.executor import ParallelRunner
@@ -38,10 +40,22 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int
 
 
 def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
-    """A loaded model, finished as the config asks (LlamaModel.finish)."""
+    """A loaded model, finished as the config asks (LlamaModel.finish); a dtype
+    left "auto" is decided here (build_engine_core decides and logs it first)."""
     device = require_device(config.model.device)
+    if config.model.dtype == "auto":
+        config = dataclasses.replace(config, model=dataclasses.replace(
+            config.model, dtype=choose_dtype("auto", config.model.device, None).dtype))
     m = config.model
     return model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config))
+
+
+def resolve_dtype(config: EngineConfig, stored: torch.dtype | None) -> EngineConfig:
+    """`config` with its model dtype decided (`--dtype auto` resolved, see
+    dtype_choice) and logged; everything after this reads a concrete dtype."""
+    choice = choose_dtype(config.model.dtype, config.model.device, stored)
+    log.info("model dtype %s (%s)", choice.dtype, choice.reason)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=choice.dtype))
 
 
 def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:
@@ -110,6 +124,7 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
             log.info("tensor/pipeline parallelism runs float weights: the stored int4 projections are dequantized")
         reader = DictReader(checkpoint.dequantized_weights())
     check_splittable(checkpoint.arch, p.tensor_parallel_size, p.pipeline_parallel_size)
+    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights))  # once, for every rank
     max_model_len = decide_max_model_len(checkpoint, config)
     cache = config.cache
     per_block = kv_bytes_per_block_per_rank(checkpoint.arch, config)
@@ -135,6 +150,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     started = time.perf_counter()
     require_device(config.model.device)  # before the (slow) checkpoint load
     checkpoint = checkpoint or load_checkpoint(resolve_model_path(config))
+    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights))
     torch.manual_seed(config.model.seed)
     max_model_len = decide_max_model_len(checkpoint, config)
     model = build_model(checkpoint, config, max_model_len)
@@ -150,8 +166,11 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     runner.cuda_graphs = build_cuda_graphs(runner, config, max_model_len)
     core = EngineCore(config, runner, num_blocks, max_model_len)
     core.structured = structured_outputs(checkpoint)
+    memory = memory_bytes(runner)
     log.info(
-        "engine ready: %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs",
-        checkpoint.source, num_blocks, config.cache.block_size, max_model_len, time.perf_counter() - started,
+        "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs; memory: weights %.2f GiB "
+        "(with packed prefill copies), KV pool %.2f GiB",
+        checkpoint.source, config.model.dtype, num_blocks, config.cache.block_size, max_model_len,
+        time.perf_counter() - started, memory["weights_bytes"] / 2**30, memory["kv_cache_bytes"] / 2**30,
     )
     return core, checkpoint

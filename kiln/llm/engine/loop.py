@@ -120,12 +120,13 @@ def ready_message(core: EngineCore, checkpoint: Checkpoint) -> Ready:
         block_size=core.config.cache.block_size,
         pid=os.getpid(),
         worker_pids=core.runner.worker_pids,
+        dtype=core.config.model.dtype,
         eos_token_ids=list(checkpoint.arch.eos_token_ids),
-        **_memory(core.runner),
+        **memory_bytes(core.runner),
     )
 
 
-def _memory(runner: object) -> dict[str, int]:
+def memory_bytes(runner: object) -> dict[str, int]:
     """Bytes of the model's weights (parameters, buffers, and the packed copies
     kept for prefill) and of the KV pool, for a single-process runner; nothing
     for a parallel one (its ranks hold shards)."""

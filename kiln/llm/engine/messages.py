@@ -110,6 +110,7 @@ class Ready(msgspec.Struct, tag="ready"):
     # Memory this process holds (0: not known, e.g. with tensor/pipeline parallelism).
     weights_bytes: int = 0
     kv_cache_bytes: int = 0
+    dtype: str = ""  # the model's dtype, as chosen (`--dtype auto` resolved)
 
 
 class StepResult(msgspec.Struct, tag="step"):

@@ -13,7 +13,7 @@ import torch
 
 from kiln.config import EngineConfig
 from kiln.llm.device import require_device
-from kiln.llm.engine.builder import decide_num_blocks, finish_model
+from kiln.llm.engine.builder import decide_num_blocks, finish_model, resolve_dtype
 from kiln.llm.engine.core import EngineCore
 from kiln.llm.engine.messages import EngineCoreRequest
 from kiln.llm.models.arch import LlamaArch, RopeScaling
@@ -69,6 +69,7 @@ def synthetic_engine_core(arch: LlamaArch, config: EngineConfig) -> EngineCore:
     """An EngineCore as build_engine_core makes it, over random weights.
     `config.model.max_model_len` must be set (there is no checkpoint to read it from)."""
     device = require_device(config.model.device)
+    config = resolve_dtype(config, None)
     max_model_len = config.model.max_model_len
     if max_model_len is None:
         raise ValueError("synthetic_engine_core needs max_model_len")

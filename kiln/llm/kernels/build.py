@@ -1,56 +1,234 @@
-"""Builds Kiln's CPU kernels into a shared library beside this file.
+"""Builds Kiln's CPU kernels into one shared library per ISA build, beside this file.
 
 Run once at install time (`make` does): `python -m kiln.llm.kernels.build`.
-Needs a C++20 compiler; without one (or on a CPU without AVX2/FMA) the build
-is skipped and Kiln runs on PyTorch's own kernels (every AVX2 CPU also has
-F16C, used for fp16 int4 scales). The library is loaded with
-`torch.ops.load_library`, so nothing is compiled while a server starts.
+Two builds (isa.py says which one a CPU loads), compiled in parallel:
+
+    _kiln_kernels_avx2.so         -mavx2 -mfma -mf16c: the fp32, int8, int4
+                                  kernels; bf16 through fp32 arithmetic
+    _kiln_kernels_avx512_bf16.so  adds AVX-512 F/BW/VL/DQ, BF16 and VNNI:
+                                  bf16 dot products (`vdpbf16ps`)
+
+Every build the compiler can produce is built, whatever this CPU runs (an
+image built here may run elsewhere). Needs a C++20 compiler; without one,
+or on a CPU without AVX2/FMA, nothing is built and Kiln runs on PyTorch's
+own kernels. A compile error is reported and the exit status is 1; at run
+time Kiln then loads the best build that exists, or none. The libraries are
+loaded with `torch.ops.load_library`.
+
+Where no library was built (a wheel installed with pip, not `make`), the
+first process that wants one compiles the build its CPU loads
+(`build_on_first_use`): beside this file if the package directory is
+writable, else in the user's cache (`~/.cache/kiln/kernels/torch-<version>`),
+under a file lock so concurrent processes compile it once. Without a
+compiler that is a logged warning and Kiln runs on PyTorch's kernels.
 """
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import functools
+import logging
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils import cpp_extension
+
+from kiln.llm.kernels import isa
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = [HERE / "linear_f32.cpp", HERE / "paged_attention.cpp", HERE / "layer_ops.cpp", HERE / "decode_layer.cpp"]
-LIBRARY = HERE / "_kiln_kernels.so"
+COMMON_SOURCES = ("linear_f32.cpp", "paged_attention.cpp", "layer_ops.cpp", "decode_layer.cpp")
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str
+    flags: tuple[str, ...]
+    sources: tuple[Path, ...]
+    directory: Path = HERE  # where the library goes
+
+    @property
+    def library(self) -> Path:
+        return self.directory / f"_kiln_kernels_{self.name}.so"
+
+
+AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")
+AVX512_BF16_FLAGS = (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
+                     "-mavx512vnni", "-DKILN_AVX512_BF16=1")
+BUILDS = {
+    "avx2": Build("avx2", AVX2_FLAGS, tuple(HERE / s for s in COMMON_SOURCES)),
+    "avx512_bf16": Build("avx512_bf16", AVX512_BF16_FLAGS,
+                         tuple(HERE / s for s in (*COMMON_SOURCES, "linear_bf16.cpp", "linear_int8_vnni.cpp"))),
+}
+# Left by builds before the ISA split; removed so nothing loads it by mistake.
+LEGACY_LIBRARY = HERE / "_kiln_kernels.so"
+
+
+def library_path(name: str) -> Path:
+    return BUILDS[name].library
+
+
+def cache_directory() -> Path:
+    """Where first-use builds go when the package directory is read-only (one per torch version: the
+    libraries link against torch's)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "kiln" / "kernels" / f"torch-{torch.__version__}"
+
+
+def find_library(name: str) -> Path | None:
+    """Build `name`'s library: beside this file (`make`), else from an earlier first-use build."""
+    for directory in (HERE, cache_directory()):
+        path = dataclasses.replace(BUILDS[name], directory=directory).library
+        if path.exists():
+            return path
+    return None
+
+
+def _writable(directory: Path) -> bool:
+    return os.access(directory, os.W_OK)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@functools.cache
+def _warn_no_compiler() -> None:
+    log.warning(
+        "kiln kernels: not built and no C++ compiler (c++ or g++) to build them; running on PyTorch's kernels "
+        "(slower). Install a C++20 compiler with OpenMP (e.g. apt install g++) and restart, or run "
+        "`python -m kiln.llm.kernels.build` once."
+    )
+
+
+def build_on_first_use(name: str) -> Path | None:
+    """Compiles build `name` now (it exists nowhere); its library, or None
+    (logged why): no compiler, or the compile failed."""
+    if compiler() is None:
+        _warn_no_compiler()
+        return None
+    directory = HERE if _writable(HERE) else cache_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    wanted = dataclasses.replace(BUILDS[name], directory=directory)
+    with _locked(directory / ".kiln-kernels-build.lock"):
+        if wanted.library.exists():  # another process built it while this one waited
+            return wanted.library
+        log.warning("kiln kernels: %s not built; compiling it now into %s (once; about a minute)",
+                    wanted.library.name, directory)
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            status = build_all([wanted], Path(tmp_dir))
+    if status != 0 or not wanted.library.exists():
+        log.error("kiln kernels: compiling %s failed (compiler output above); running on PyTorch's kernels",
+                  wanted.library.name)
+        return None
+    log.warning("kiln kernels: built %s in %.0fs", wanted.library.name, time.perf_counter() - started)
+    return wanted.library
 
 
 def cpu_supported() -> bool:
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    """Whether this CPU can run any of Kiln's builds (AVX2, FMA, F16C)."""
+    return isa.rank(isa.level_of(isa.read_cpu_flags())) >= isa.rank("avx2")
 
 
-def compile_command(output: Path) -> list[str]:
+def compiler() -> str | None:
+    return shutil.which("c++") or shutil.which("g++")
+
+
+def unity_source(build: Build, directory: Path) -> Path:
+    """One translation unit that includes every source of the build: the
+    torch headers (most of the compile time) are parsed once, not per file.
+    So names in the sources' anonymous namespaces must not collide."""
+    unit = directory / f"kiln_kernels_{build.name}.cpp"
+    unit.write_text("".join(f'#include "{source}"\n' for source in build.sources))
+    return unit
+
+
+def compile_command(build: Build, source: Path, output: Path) -> list[str]:
+    from torch.utils import cpp_extension  # slow to import: not at run time, only when building
+
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     lib_dirs = cpp_extension.library_paths()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
-        shutil.which("c++") or "g++", "-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++20", "-fopenmp", "-shared", "-fPIC",
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, *map(str, SOURCES), "-o", str(output),
+        # No contraction of a * b + c into an FMA at the compiler's choice: it
+        # may choose differently per micro-kernel shape, and then a row's
+        # bits would depend on M. Kernels write the FMAs they mean.
+        compiler() or "g++", "-O3", "-ffp-contract=off", *build.flags, "-std=c++20", "-fopenmp", "-shared", "-fPIC",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, str(source), "-o", str(output),
         *[f"-L{d}" for d in lib_dirs], *[f"-Wl,-rpath,{d}" for d in lib_dirs], "-lc10", "-ltorch_cpu",
     ]
 
 
-def build() -> bool:
+def compiler_accepts(flags: tuple[str, ...]) -> bool:
+    """Whether the compiler takes these target flags (an old one may lack -mavx512bf16)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.cpp"
+        src.write_text("int main() { return 0; }\n")
+        probe = [compiler() or "g++", *[f for f in flags if f.startswith("-m")], "-c", str(src), "-o", str(src) + ".o"]
+        return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def build() -> int:
+    """Builds every library the compiler supports; returns the exit status
+    (0: built, or skipped because nothing can be built here; 1: a compile failed)."""
     if not cpu_supported():
-        print("kiln kernels: CPU lacks AVX2/FMA; skipped (PyTorch kernels will be used)")
-        return False
-    if not (shutil.which("c++") or shutil.which("g++")):
+        print("kiln kernels: CPU lacks AVX2/FMA/F16C; skipped (PyTorch kernels will be used)")
+        return 0
+    if not compiler():
         print("kiln kernels: no C++ compiler found; skipped (PyTorch kernels will be used)")
-        return False
+        return 0
+    LEGACY_LIBRARY.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        return build_all(list(BUILDS.values()), Path(tmp_dir))
+
+
+def build_all(builds: list[Build], tmp_dir: Path) -> int:
+    """Compiles the builds in parallel; 1 if any failed (the others are kept)."""
     started = time.perf_counter()
-    tmp = LIBRARY.with_suffix(".tmp.so")
-    subprocess.run(compile_command(tmp), check=True)
-    tmp.replace(LIBRARY)  # atomic: a running server never sees half a library
-    print(f"kiln kernels: built {LIBRARY.name} in {time.perf_counter() - started:.0f}s")
-    return True
+    jobs = {}
+    for build_ in builds:
+        if not compiler_accepts(build_.flags):
+            print(f"kiln kernels: the compiler does not take {' '.join(build_.flags)}; {build_.name} not built")
+            continue
+        tmp = build_.library.with_suffix(f".{os.getpid()}.tmp.so")
+        command = compile_command(build_, unity_source(build_, tmp_dir), tmp)
+        jobs[build_.name] = (build_, tmp, time.perf_counter(), subprocess.Popen(command))
+    count = len(jobs)
+    status = 0
+    while jobs:
+        time.sleep(0.2)
+        for name, (build_, tmp, begun, proc) in list(jobs.items()):
+            if proc.poll() is None:
+                continue
+            del jobs[name]
+            seconds = time.perf_counter() - begun
+            if proc.returncode != 0:
+                print(f"kiln kernels: building {build_.library.name} FAILED (exit {proc.returncode}); "
+                      f"Kiln will load a lower build or PyTorch kernels")
+                tmp.unlink(missing_ok=True)
+                status = 1
+                continue
+            tmp.replace(build_.library)  # atomic: a running server never sees half a library
+            print(f"kiln kernels: built {build_.library.name} in {seconds:.0f}s")
+    print(f"kiln kernels: {count} builds in {time.perf_counter() - started:.0f}s (in parallel)")
+    return status
 
 
 if __name__ == "__main__":
-    sys.exit(0 if build() else 0)
+    sys.exit(build())

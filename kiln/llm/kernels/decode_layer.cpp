@@ -1,4 +1,4 @@
-// One Llama decoder layer for a decode-only step (fp32 CPU), in one call.
+// One Llama decoder layer for a decode-only step (fp32 or bf16 CPU), in one call.
 //
 // At batch 1 the projections take ~75% of a step; most of the rest was the
 // Python and dispatcher cost of ~15 torch ops per layer (module calls,
@@ -10,12 +10,15 @@
 //   a = paged_decode_attention(q) per decode group; o = a @ Wo
 //   h, x = add_rms_norm(o, x); x = x + down(silu(gate) * up)
 //
-// A projection is given as the tensors its Linear module holds: [w] fp32,
+// A projection is given as the tensors its Linear module holds: [w] fp32 or
+// bf16 (the model's dtype: x, the norms and the outputs are in it too),
 // [w int8, scales fp32] or [codes uint8, scale_min fp16 or fp32] (int4, with
-// its group size). The families with Llama's layer plus small variations pass
+// its group size; fp32 models only). The families with Llama's layer plus small variations pass
 // them too: a q|k|v bias added after the projection (Qwen2), RMSNorm over
 // each head of q and k before rope (Qwen3), rope on the first `rotary_dim`
 // dims of a head only (Phi-4-mini; 0: all), a sliding window (Mistral, Phi-3).
+// (kiln/llm/models/fused_decode.py passes bias, q/k norms and partial rope
+// for fp32 models only.)
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -28,7 +31,7 @@
 namespace {
 
 at::Tensor project(const at::Tensor& x, at::TensorList w, int64_t group_size) {
-  if (w.size() == 1) return kiln::linear_f32(x, w[0]);
+  if (w.size() == 1) return w[0].scalar_type() == at::kBFloat16 ? kiln::linear_bf16(x, w[0]) : kiln::linear_f32(x, w[0]);
   TORCH_CHECK(w.size() == 2, "decode_layer: a projection is [w], [w, scales] or [codes, scale_min]");
   if (w[0].scalar_type() == at::kChar) return kiln::linear_w8(x, w[0], w[1]);
   return kiln::linear_w4(x, w[0], w[1], group_size);

@@ -8,7 +8,12 @@
 namespace kiln {
 
 at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w);
+// x fp32 or bf16 [M, K] @ w bf16 [N, K]^T -> x's dtype. The AVX512_BF16 build:
+// bf16 dot products (linear_bf16.cpp); the AVX2 build: fp32 arithmetic.
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w);
 at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
+// The avx512_bf16 build only: x quantized per row to int8, VNNI dot products.
+at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
 at::Tensor linear_w4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,

@@ -1,7 +1,9 @@
 // fp32-activation linear for CPU: y[M,N] = x[M,K] @ w[N,K]^T, weights as
-// stored: fp32, int8 with a per-row scale, or int4 in groups with an fp16 or
-// fp32 scale and min per group (weight-only quantization; the codes are
-// widened in registers, never in memory).
+// stored: fp32, bf16, int8 with a per-row scale, or int4 in groups with an
+// fp16 or fp32 scale and min per group (weight-only quantization; the codes
+// are widened in registers, never in memory). bf16 weights here are the AVX2
+// build's `linear_bf16` (fp32 arithmetic); the AVX512_BF16 build has its own
+// (linear_bf16.cpp, bf16 dot products).
 //
 // Every output is a dot product of an x row and a w row, accumulated along K
 // eight lanes at a time, then summed across lanes and the K tail in a fixed
@@ -9,14 +11,13 @@
 // pass) changes only the speed, never the bits: a row's result does not
 // depend on M or on the other rows (batch invariance).
 //
-// Micro-kernel shapes:
+// Micro-kernel shapes (tiling and threading in linear_tiling.h):
 // - M <= 8 (decode, speculative verification): all rows against one w row
-//   (four w rows for M = 1, for enough independent FMA chains), so each
-//   weight row leaves memory once; the step is bandwidth-bound.
+//   (for M = 1: four w rows in the avx2 build, one in the avx512_bf16 build,
+//   see KILN_DENSE_SINGLE_ROW_COLS), so each weight row leaves memory once;
+//   the step is bandwidth-bound.
 // - M > 8: 4 x rows by 3 w rows, 12 accumulators in registers, 7 loads per
 //   12 FMAs; the step is compute-bound.
-// Weight rows are taken in tiles that stay in L2 while every group of x rows
-// passes over them; x is taken in L2-sized row blocks. Threads split N.
 //
 // Built with -fopenmp: ATen's parallel_for is a header template that runs
 // serially when the including file is compiled without OpenMP.
@@ -29,32 +30,42 @@
 #include <utility>
 
 #include "kernels.h"
+#include "linear_tiling.h"
 #include "simd.h"
 
 namespace {
 
 using kiln_simd::hsum;
 
-// Weight rows are software-prefetched this many micro-kernel passes ahead.
-#ifndef KILN_PREFETCH_PASSES
-#define KILN_PREFETCH_PASSES 1
-#endif
-constexpr int kPrefetchPasses = KILN_PREFETCH_PASSES;
-
-// Eight weights as floats: fp32 as stored, int8 widened (its per-row scale is
-// applied once to the finished dot product).
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
+using kiln_linear::kPrefetchPasses;
+// Eight weights as floats: fp32 as stored, bf16 and int8 widened (int8's
+// per-row scale is applied once to the finished dot product).
+using kiln_simd::load8;
 
 // A problem is y[M, N] = x[M, K] @ W^T for one weight format; its micro<MR,
 // NR>(m, n) computes y[m .. m+MR, n .. n+NR]. Kernels<P> below tiles and
 // threads any of them the same way.
 
-// fp32 or int8 weight rows [N, K] (int8: scale[n] applied to the finished sum).
+// Weight rows per pass for a single x row (macros for tuning experiments).
+// Zen 3 (the avx2 build's home) ran fastest with four rows, for enough
+// independent FMA chains; on Zen 4 (the avx512_bf16 build's) one row at a
+// time, a single sequential stream per thread, reads 1.5x faster
+// (docs/benchmarks.md). Int4 is compute-bound either way.
+#ifndef KILN_DENSE_SINGLE_ROW_COLS
+#ifdef KILN_AVX512_BF16
+#define KILN_DENSE_SINGLE_ROW_COLS 1
+#else
+#define KILN_DENSE_SINGLE_ROW_COLS 4
+#endif
+#endif
+#ifndef KILN_INT4_SINGLE_ROW_COLS
+#define KILN_INT4_SINGLE_ROW_COLS 4
+#endif
+
+// fp32, bf16 or int8 weight rows [N, K] (int8: scale[n] applied to the finished sum).
 template <typename W>
 struct DenseProblem {
+  static constexpr int kWideRows = 4, kWideCols = 3, kSingleRowCols = KILN_DENSE_SINGLE_ROW_COLS;
   const float* x;
   const W* w;
   const float* scale;
@@ -62,6 +73,7 @@ struct DenseProblem {
   int64_t K, N;
 
   int64_t row_bytes() const { return K * static_cast<int64_t>(sizeof(W)); }
+  int64_t x_row_bytes() const { return K * 4; }
 
   template <int MR, int NR>
   void micro(int64_t m0, int64_t n0) const {
@@ -107,6 +119,7 @@ struct DenseProblem {
 // exact in fp16, e.g. GPTQ/AWQ zero points, GGUF Q4_K's 6-bit sub-scales).
 template <typename P>
 struct Int4Problem {
+  static constexpr int kWideRows = 4, kWideCols = 3, kSingleRowCols = KILN_INT4_SINGLE_ROW_COLS;
   const float* x;
   const uint8_t* codes;
   const P* scale_min;
@@ -114,6 +127,7 @@ struct Int4Problem {
   int64_t K, N, G;
 
   int64_t row_bytes() const { return K / 2; }
+  int64_t x_row_bytes() const { return K * 4; }
 
   // (scale, min) of the group holding weight b of a row, then (with G == 32)
   // those of the next group, as four floats.
@@ -169,58 +183,8 @@ struct Int4Problem {
   }
 };
 
-constexpr int64_t kNarrowMaxRows = 8, kWideRows = 4, kWideCols = 3;
-constexpr int64_t kWeightTileBytes = 64 * 1024, kRowBlockBytes = 256 * 1024;
-
 template <typename P>
-struct Kernels {
-  using Fn = void (*)(const P&, int64_t, int64_t);
-  template <int MR, int NR>
-  static void call(const P& p, int64_t m, int64_t n) {
-    p.template micro<MR, NR>(m, n);
-  }
-  // narrow[m]: m rows against one w row. wide[m][n]: m <= 4 rows by n <= 3 w rows.
-  static constexpr Fn narrow[9] = {nullptr,     call<1, 1>, call<2, 1>, call<3, 1>, call<4, 1>,
-                                   call<5, 1>, call<6, 1>, call<7, 1>, call<8, 1>};
-  static constexpr Fn wide[5][4] = {{nullptr},
-                                    {nullptr, call<1, 1>, call<1, 2>, call<1, 3>},
-                                    {nullptr, call<2, 1>, call<2, 2>, call<2, 3>},
-                                    {nullptr, call<3, 1>, call<3, 2>, call<3, 3>},
-                                    {nullptr, call<4, 1>, call<4, 2>, call<4, 3>}};
-
-  // Rows [m0, m1) against w rows [n0, n1).
-  static void block(const P& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    if (m1 - m0 == 1) {  // one FMA chain per w row is latency-bound: take 4 w rows per pass
-      int64_t n = n0;
-      for (; n + 4 <= n1; n += 4) call<1, 4>(p, m0, n);
-      for (; n < n1; ++n) call<1, 1>(p, m0, n);
-      return;
-    }
-    if (m1 - m0 <= kNarrowMaxRows) {
-      const Fn fn = narrow[m1 - m0];
-      for (int64_t n = n0; n < n1; ++n) fn(p, m0, n);
-      return;
-    }
-    for (int64_t m = m0; m < m1; m += kWideRows) {
-      const int64_t mr = std::min(kWideRows, m1 - m);
-      for (int64_t n = n0; n < n1; n += kWideCols) wide[mr][std::min(kWideCols, n1 - n)](p, m, n);
-    }
-  }
-
-  static void run(const P& p, int64_t M) {
-    const int64_t K = p.K, N = p.N;
-    const int64_t tile = std::max<int64_t>(kWideCols, kWeightTileBytes / p.row_bytes() / kWideCols * kWideCols);
-    // A row block is a multiple of the wide kernel's rows, or all of a small M.
-    const int64_t rows =
-        M <= kNarrowMaxRows ? M : std::max<int64_t>(kWideRows, kRowBlockBytes / (K * 4) / kWideRows * kWideRows);
-    at::parallel_for(0, N, 4 * kWideCols, [&](int64_t n_begin, int64_t n_end) {
-      for (int64_t m0 = 0; m0 < M; m0 += rows) {
-        const int64_t m1 = std::min(M, m0 + rows);
-        for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) block(p, m0, m1, t0, std::min(n_end, t0 + tile));
-      }
-    });
-  }
-};
+using Kernels = kiln_linear::Kernels<P>;
 
 void check_operands(const at::Tensor& x, const at::Tensor& w, int64_t k, at::ScalarType wtype, const char* name) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == k, name, ": shape mismatch");
@@ -278,12 +242,34 @@ at::Tensor linear_w4(const at::Tensor& x_in, const at::Tensor& codes, const at::
   return y;
 }
 
+// x [M, K] (fp32 or bf16) @ w bf16 [N, K]^T in fp32 arithmetic: x widened
+// once, the weights in registers; y in x's dtype, rounded once.
+at::Tensor linear_bf16_widen(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "linear_bf16: shape mismatch");
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "linear_bf16: bf16 weight, fp32 or bf16 x required");
+  TORCH_CHECK(w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(),
+              "linear_bf16: contiguous CPU weight required");
+  const at::Tensor y = dense<at::BFloat16>(x.to(at::kFloat), w, nullptr);
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 }  // namespace
 
 namespace kiln {
+#ifndef KILN_AVX512_BF16
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) { return ::linear_bf16_widen(x, w); }
+#endif
 at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w) { return ::linear_f32(x, w); }
+// The avx512_bf16 build quantizes x in groups of 32 and runs VNNI dot
+// products (linear_int8_vnni.cpp: 1.3-1.5x faster, perplexity within 1%);
+// the avx2 build keeps fp32 activations. linear_w8_fp32x is the latter in both.
 at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
+#ifdef KILN_AVX512_BF16
+  return kiln::linear_w8a8(x, w, scales);
+#else
   return ::linear_w8(x, w, scales);
+#endif
 }
 at::Tensor linear_w4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size) {
   return ::linear_w4(x, codes, scale_min, group_size);
@@ -294,9 +280,17 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("linear_f32(Tensor x, Tensor w) -> Tensor");
   m.def("linear_w8(Tensor x, Tensor w, Tensor scales) -> Tensor");
   m.def("linear_w4(Tensor x, Tensor codes, Tensor scale_min, int group_size) -> Tensor");
+  m.def("linear_bf16(Tensor x, Tensor w) -> Tensor");
+  m.def("linear_bf16_widen(Tensor x, Tensor w) -> Tensor");
+  m.def("linear_w8_fp32x(Tensor x, Tensor w, Tensor scales) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("linear_f32", linear_f32);
-  m.impl("linear_w8", linear_w8);
+  m.impl("linear_w8", kiln::linear_w8);
   m.impl("linear_w4", linear_w4);
+  m.impl("linear_bf16_widen", linear_bf16_widen);
+  m.impl("linear_w8_fp32x", ::linear_w8);
+#ifndef KILN_AVX512_BF16  // else linear_bf16.cpp registers its own
+  m.impl("linear_bf16", linear_bf16_widen);
+#endif
 }

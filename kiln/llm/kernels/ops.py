@@ -1,8 +1,10 @@
 """Loads the kernel library once and exposes its ops, or None when absent.
 
-Absent means Kiln was installed without a compiler or on a CPU without
-AVX2/FMA; callers then use PyTorch's kernels (same results within float
-rounding). `KILN_KERNELS=0` in the environment turns them off (A/B runs).
+Which library: the build for the CPU's ISA level (isa.py; `KILN_ISA` forces a
+lower one), else the best lower build that exists. Absent means Kiln was
+installed without a compiler or on a CPU without AVX2/FMA; callers then use
+PyTorch's kernels (same results within float rounding). `KILN_KERNELS=0` in
+the environment turns them off (A/B runs).
 """
 from __future__ import annotations
 
@@ -12,25 +14,62 @@ import os
 
 import torch
 
-from kiln.llm.kernels.build import LIBRARY, cpu_supported
-from kiln.llm.kernels.tuning import LINEAR_MAX_ROWS
+from kiln.llm.kernels import isa
+from kiln.llm.kernels.build import BUILDS, LEGACY_LIBRARY, build_on_first_use, find_library
+from kiln.llm.kernels.tuning import BF16_LINEAR_MAX_ROWS, BF16_PACKED_MIN_ROWS, LINEAR_MAX_ROWS, PACKED_MIN_ROWS
 
 log = logging.getLogger(__name__)
 
 
+def packed_min_rows(dtype: torch.dtype) -> int:
+    """Above this many rows a projection with a oneDNN-packed weight takes it."""
+    return BF16_PACKED_MIN_ROWS if dtype == torch.bfloat16 else PACKED_MIN_ROWS
+
+
+def _builds_to_try(choice: isa.IsaChoice) -> list[str]:
+    """The level's build first, then every lower build."""
+    if choice.library is None:
+        return []
+    ceiling = isa.rank(choice.library)
+    return sorted((b for b in BUILDS if isa.rank(b) <= ceiling), key=isa.rank, reverse=True)
+
+
 @functools.cache
-def kernels_loaded() -> bool:
+def loaded_library() -> str | None:
+    """Name of the build loaded in this process ("avx2", "avx512_bf16"), or
+    None when Kiln's kernels are off or absent. Only one build can be loaded
+    per process (they register the same ops); decided on first use."""
     if os.environ.get("KILN_KERNELS", "1") == "0":
-        return False
-    if not (LIBRARY.exists() and cpu_supported()):
-        log.info("kiln kernels not built (%s); using PyTorch kernels", LIBRARY.name)
-        return False
-    try:
-        torch.ops.load_library(str(LIBRARY))
-    except OSError as e:  # built against another torch: rebuild with `make`
-        log.warning("kiln kernels not loaded (%s); using PyTorch kernels", e)
-        return False
-    return True
+        return None
+    choice = isa.cpu_isa()
+    for name in _builds_to_try(choice):
+        path = find_library(name) or build_on_first_use(name)
+        if path is None:
+            continue
+        try:
+            torch.ops.load_library(str(path))
+        except OSError as e:  # built against another torch: rebuild with `make`
+            log.warning("kiln kernels: %s not loaded (%s)", path.name, e)
+            continue
+        log.info("kiln kernels: loaded %s for ISA level %s", path.name, choice.level)
+        return name
+    hint = f" ({LEGACY_LIBRARY.name} is from an older build: run `make`)" if LEGACY_LIBRARY.exists() else ""
+    log.info("kiln kernels: no build loaded for ISA level %s; using PyTorch kernels%s", choice.level, hint)
+    return None
+
+
+def kernels_loaded() -> bool:
+    return loaded_library() is not None
+
+
+def bf16_dot_products() -> bool:
+    """Whether linear_bf16 runs on AVX512_BF16 dot products (else fp32 arithmetic)."""
+    return loaded_library() == "avx512_bf16"
+
+
+def vnni_int8() -> bool:
+    """Whether the loaded build has the AVX512_VNNI int8 kernel (`linear_w8a8`)."""
+    return loaded_library() == "avx512_bf16"
 
 
 def linear_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
@@ -49,10 +88,36 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.kiln.linear_f32(x, weight)
 
 
+def linear_bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x [M, K] bf16 @ weight[N, K] bf16 ^T -> bf16 with Kiln's bf16 kernel
+    (AVX512_BF16 dot products, or fp32 arithmetic in the AVX2 build), or
+    None when it does not apply (library absent, not bf16 CPU, too many rows)."""
+    if (
+        x.dim() != 2
+        or x.shape[0] > BF16_LINEAR_MAX_ROWS
+        or x.dtype != torch.bfloat16
+        or weight.dtype != torch.bfloat16
+        or x.device.type != "cpu"
+        or not weight.is_contiguous()
+        or not kernels_loaded()
+    ):
+        return None
+    return torch.ops.kiln.linear_bf16(x, weight)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x @ weight^T with Kiln's kernel for the operands' dtype (fp32 or
+    bf16), or None when none applies."""
+    if x.dtype == torch.bfloat16:
+        return linear_bf16(x, weight)
+    return linear_f32(x, weight)
+
+
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's blocked layout of an fp32 CPU weight [N, K] (an extra copy,
-    the size of the weight), or None where oneDNN is unavailable."""
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    """oneDNN's blocked layout of an fp32 or bf16 CPU weight [N, K] (an extra
+    copy, the size of the weight), or None where oneDNN is unavailable."""
+    if (weight.dtype not in (torch.float32, torch.bfloat16) or weight.device.type != "cpu"
+            or not torch.backends.mkldnn.is_available()):
         return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
@@ -61,8 +126,8 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def linear_packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x [M, K] fp32 @ W^T with W as packed by pack_linear_weight. Each row's
-    result does not depend on M (checked in tests/unit/llm/kernels)."""
+    """x [M, K] @ W^T with W as packed by pack_linear_weight (x in W's dtype).
+    Each row's result does not depend on M (checked in tests/unit/llm/kernels)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
@@ -83,7 +148,9 @@ def _weight_only_applies(
 
 def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """x [M, K] fp32 @ (weight int8 [N, K] * scales fp32 [N])^T with Kiln's
-    kernel (activations stay fp32, any M), or None when it does not apply."""
+    kernel (any M), or None when it does not apply. The avx512_bf16 build
+    quantizes x in groups of 32 to int8 and runs AVX512_VNNI dot products
+    (`vnni_int8()`); the avx2 build keeps x in fp32."""
     if not _weight_only_applies(x, weight, torch.int8, scales, torch.float32):
         return None
     return torch.ops.kiln.linear_w8(x, weight, scales)
@@ -99,21 +166,25 @@ def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, gro
     return torch.ops.kiln.linear_w4(x, codes, scale_min, group_size)
 
 
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def paged_decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, block_size: int, scale: float | None = None, window: int = 0,
     softcap: float | None = None,
 ) -> torch.Tensor | None:
     """Decode attention read in place from the paged pool (q [B, H, D] fp32,
-    pools [slots, KVH, D] fp32, fp16 or bf16) -> [B, H, D], or None when the
-    kernel does not apply (library absent, not CPU, other dtypes, head_dim
-    not a multiple of 16, or more than 8 query heads per kv head). `scale`
-    defaults to head_dim ** -0.5; `window` > 0 reads only each row's last
-    `window` keys; `softcap` soft-caps the scores."""
+    bf16 or fp16; pools [slots, KVH, D] fp32, fp16 or bf16) -> [B, H, D] in
+    q's dtype, or None when the kernel does not apply (library absent, not
+    CPU, other dtypes, head_dim not a multiple of 16, or more than 8 query
+    heads per kv head). `scale` defaults to head_dim ** -0.5; `window` > 0
+    reads only each row's last `window` keys; `softcap` soft-caps the scores."""
     heads, kv_heads, head_dim = q.shape[1], k_pool.shape[1], q.shape[2]
     if (
-        q.dtype != torch.float32
-        or k_pool.dtype not in (torch.float32, torch.float16, torch.bfloat16)
+        q.dtype not in FLOAT_DTYPES
+        or k_pool.dtype not in FLOAT_DTYPES
         or q.device.type != "cpu"
         or head_dim % 16
         or heads % kv_heads
@@ -142,15 +213,20 @@ def _cuda_layers(x: torch.Tensor):
     return triton_layers
 
 
-def _fp32_cpu(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and kernels_loaded()
+def _one_kernel_dtype(*tensors: torch.Tensor) -> bool:
+    """All fp32 or all bf16 CPU tensors (the elementwise kernels' dtypes, both builds), library loaded."""
+    return (
+        tensors[0].dtype in ELEMENTWISE_DTYPES
+        and all(t.dtype == tensors[0].dtype and t.device.type == "cpu" for t in tensors)
+        and kernels_loaded()
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
-    """RMSNorm of x [M, K] rows in one call, or None when not fp32 CPU (or CUDA: Triton)."""
+    """RMSNorm of x [M, K] rows in one call, or None when not fp32/bf16 CPU (or CUDA: Triton)."""
     if x.dim() == 2 and x.stride(-1) == 1 and (gpu := _cuda_layers(x)) is not None:
         return gpu.rms_norm(x, weight, eps)
-    if x.dim() != 2 or not _fp32_cpu(x, weight):
+    if x.dim() != 2 or not _one_kernel_dtype(x, weight):
         return None
     return torch.ops.kiln.rms_norm(x, weight, eps)
 
@@ -161,18 +237,21 @@ def add_rms_norm(
     """(rms_norm(x + residual), x + residual) in one call, or None."""
     if x.dim() == 2 and x.stride(-1) == residual.stride(-1) == 1 and (gpu := _cuda_layers(x)) is not None:
         return gpu.add_rms_norm(x, residual, weight, eps)
-    if x.dim() != 2 or not _fp32_cpu(x, residual, weight):
+    if x.dim() != 2 or not _one_kernel_dtype(x, residual, weight):
         return None
     return torch.ops.kiln.add_rms_norm(x, residual, weight, eps)
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Rotate-half RoPE on q [T, H, D] and k [T, KVH, D] in place; False
-    (nothing done) when not fp32 CPU (or CUDA: Triton)."""
+    (nothing done) when not fp32/bf16 CPU (or CUDA: Triton). On CPU the tables
+    may be fp32 or bf16 (a bf16 model's buffers) whatever q's dtype: fp32
+    arithmetic either way."""
     if q.stride(-1) == 1 and k.stride(-1) == 1 and (gpu := _cuda_layers(q)) is not None:
         gpu.rotary_(q, k, cos, sin)
         return True
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or not _fp32_cpu(q, k, cos, sin):
+    if (q.stride(-1) != 1 or k.stride(-1) != 1 or not _one_kernel_dtype(q, k)
+            or cos.dtype not in ELEMENTWISE_DTYPES or sin.dtype not in ELEMENTWISE_DTYPES):
         return False
     torch.ops.kiln.rotary_(q, k, cos, sin)
     return True
@@ -182,13 +261,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up for gate_up [T, 2I] = gate | up, or None."""
     if gate_up.dim() == 2 and gate_up.stride(-1) == 1 and (gpu := _cuda_layers(gate_up)) is not None:
         return gpu.silu_mul(gate_up)
-    if gate_up.dim() != 2 or not _fp32_cpu(gate_up):
+    if gate_up.dim() != 2 or not _one_kernel_dtype(gate_up):
         return None
     return torch.ops.kiln.silu_mul(gate_up)
 
 
 def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """gelu_tanh(gate) * up for gate_up [T, 2I] = gate | up (fp32 CPU), or None."""
-    if gate_up.dim() != 2 or not _fp32_cpu(gate_up):
+    """gelu_tanh(gate) * up for gate_up [T, 2I] = gate | up (fp32 or bf16 CPU), or None."""
+    if gate_up.dim() != 2 or not _one_kernel_dtype(gate_up):
         return None
     return torch.ops.kiln.gelu_tanh_mul(gate_up)

@@ -1,8 +1,9 @@
-// Paged decode attention for CPU: one fp32 query token per sequence, keys
-// and values read in place from the paged pool through block tables. The
-// pool holds fp32, fp16 or bf16 (`kv_cache_dtype`); 16-bit entries are
-// widened to fp32 in registers, so the arithmetic is fp32 either way and a
-// 16-bit pool halves the bytes this memory-bound kernel reads.
+// Paged decode attention for CPU: one query token per sequence, keys and
+// values read in place from the paged pool through block tables. The pool
+// holds fp32, fp16 or bf16 (`kv_cache_dtype`); 16-bit entries are widened to
+// fp32 in registers, so the arithmetic is fp32 either way and a 16-bit pool
+// halves the bytes this memory-bound kernel reads. Queries may be fp32, bf16
+// or fp16 (a 16-bit model's); the output takes their dtype, rounded once.
 //
 // The torch reference gathers every context into a padded batch before
 // SDPA, so each key is read, written and read again. Here each sequence
@@ -31,13 +32,7 @@ using kiln_simd::hsum;
 
 constexpr int kMaxGroup = 8;  // query heads per kv head
 
-// Eight pool entries as fp32 lanes.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline __m256 load8(const at::BFloat16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
+using kiln_simd::load8;  // pool entries as fp32 lanes
 
 // Softmax of s[0..n) in place; returns nothing, s holds probabilities.
 void softmax(float* s, int64_t n) {
@@ -166,11 +161,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
                                   const at::Tensor& block_tables, const at::Tensor& context_lens,
                                   int64_t block_size, double scale, int64_t window, double softcap) {
   TORCH_CHECK(q_in.dim() == 3 && k_pool.dim() == 3 && v_pool.sizes() == k_pool.sizes(), "paged_decode_attention: shapes");
-  TORCH_CHECK(q_in.scalar_type() == at::kFloat, "paged_decode_attention: float32 queries only");
+  const at::ScalarType q_dtype = q_in.scalar_type();
+  TORCH_CHECK(q_dtype == at::kFloat || q_dtype == at::kBFloat16 || q_dtype == at::kHalf,
+              "paged_decode_attention: float32, bfloat16 or float16 queries");
   TORCH_CHECK(v_pool.scalar_type() == k_pool.scalar_type(), "paged_decode_attention: one pool dtype");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "paged_decode_attention: contiguous pool required");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong, "int64 tables");
-  const at::Tensor q = q_in.contiguous();
+  const at::Tensor q = q_in.to(at::kFloat).contiguous();  // 16-bit queries widen exactly
   const at::Tensor tables = block_tables.contiguous();
   const at::Tensor lens = context_lens.contiguous();
   const int64_t H = q.size(1), D = q.size(2), KVH = k_pool.size(1);
@@ -189,7 +186,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
       break;
     default: TORCH_CHECK(false, "paged_decode_attention: pool must be float32, float16 or bfloat16");
   }
-  return out;
+  return q_dtype == at::kFloat ? out : out.to(q_dtype);  // rounded once, as SDPA in 16 bits rounds its output
 }
 
 }  // namespace

@@ -1,6 +1,11 @@
 // AVX2 helpers shared by Kiln's CPU kernels.
 #pragma once
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
 
 namespace kiln_simd {
 
@@ -27,6 +32,53 @@ inline __m256 exp_nonpositive(__m256 x) {
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+// bf16 <-> fp32 in eight lanes. Narrowing rounds to nearest even and makes
+// NaN 0x7fc0, bit for bit as c10::BFloat16(float) does, so a kernel and
+// torch's bf16 ops round alike.
+inline __m256 widen8(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// v rounded to bf16, as fp32 bits (low 16 bits zero).
+inline __m256i bf16_round_bits(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  const __m256i kept = _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(kept, _mm256_set1_epi32(0x7fc00000), nan);
+}
+
+inline void narrow8(c10::BFloat16* p, __m256 v) {
+  const __m256i hi = _mm256_srli_epi32(bf16_round_bits(v), 16);  // 0..65535 per lane
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi, hi), 0b1000);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+
+// Eight values as fp32 lanes: fp32 as stored, 16-bit floats and int8 widened.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) { return widen8(p); }
+inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+// ... and back (fp32 or bf16, rounded as c10 rounds).
+inline void store8f(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void store8f(c10::BFloat16* p, __m256 v) { narrow8(p, v); }
+
+// v as it would be after a store to T and a load back (identity for fp32):
+// where torch's bf16 reference rounds an intermediate, kernels round it too.
+template <typename T>
+inline __m256 round_as(__m256 v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return _mm256_castsi256_ps(bf16_round_bits(v));
+}
+template <typename T>
+inline float round_as(float v) {
+  return static_cast<float>(static_cast<T>(v));
 }
 
 }  // namespace kiln_simd

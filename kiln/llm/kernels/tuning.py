@@ -20,3 +20,10 @@ DECODE_GROUP_SIZE = 16
 # New tokens on cached context up to which a chunk is attended row by row with the decodes instead of
 # one prefill call per sequence; covers verification of up to 16 drafts. Re-tune: bench/spec_decode.py.
 MAX_DECODE_LIKE_TOKENS = 17
+
+# bf16 weights (bench/linear_bf16.py --cpu-time, Zen 4): Kiln's AVX512_BF16 kernel beats oneDNN's packed bf16
+# weights up to 8 rows and loses from 16, so more than BF16_PACKED_MIN_ROWS rows take the packed copy where a
+# layer has one (and the fused decode layer takes at most that many); without one, Kiln's kernel beats torch's
+# F.linear up to 32 rows and loses at 64 (BF16_LINEAR_MAX_ROWS). Re-tune: bench/linear_bf16.py.
+BF16_LINEAR_MAX_ROWS = 48
+BF16_PACKED_MIN_ROWS = 8

@@ -13,28 +13,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.llm.kernels.ops import linear_f32, linear_packed, pack_linear_weight
-from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
+from kiln.llm.kernels import ops
+from kiln.llm.kernels.ops import linear_packed, pack_linear_weight, packed_min_rows
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T; up to LINEAR_MAX_ROWS rows (decode, verification, short
-    prefill chunks) take Kiln's fp32 kernel."""
-    y = linear_f32(x, weight)
+    """x @ weight^T; up to LINEAR_MAX_ROWS (fp32) or BF16_LINEAR_MAX_ROWS
+    (bf16) rows (decode, verification, short prefill chunks) take Kiln's kernel."""
+    y = ops.linear(x, weight)
     return F.linear(x, weight) if y is None else y
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
     """x @ weight^T, through `packed` (weight's oneDNN copy) when there is
-    one and x has more than PACKED_MIN_ROWS fp32 rows."""
-    if packed is not None and x.shape[0] > PACKED_MIN_ROWS and x.dtype == torch.float32 and x.dim() == 2:
+    one, x is in its dtype and has more than packed_min_rows(dtype) rows."""
+    if packed is not None and x.dim() == 2 and x.dtype == packed.dtype and x.shape[0] > packed_min_rows(x.dtype):
         return linear_packed(x, packed)
     return linear(x, weight)
 
 
 def pack_for_prefill(model: nn.Module) -> int:
-    """Pack every `Linear` of a finished model (`Linear.pack`); returns how
-    many got a packed copy."""
+    """Pack every `Linear` of a finished model (`Linear.pack`: fp32 or bf16
+    CPU weights); returns how many got a packed copy."""
     packed = 0
     for module in model.modules():
         if isinstance(module, Linear):
@@ -55,7 +55,7 @@ class Linear(nn.Module):
 
     def pack(self) -> None:
         """Keep a oneDNN-packed copy of the weight for prefill-sized inputs
-        (fp32 CPU weights only). Call last: the copy does not follow later
+        (fp32 or bf16 CPU weights). Call last: the copy does not follow later
         changes to the weight."""
         self.packed = pack_linear_weight(self.weight)
 

@@ -9,14 +9,18 @@ order as LlamaLayer.forward, so its output is bit-identical
 its layers qualify (`LlamaModel.gather_fused_layers`); this module holds
 what the kernel takes per layer and when a step may use it.
 
-It applies to a plain (not sharded) fp32 CPU model with Kiln's kernels
-loaded, every projection fp32, int8 or Kiln-format int4, a head layout the
-paged kernel takes, and a step of decode rows only, at most PACKED_MIN_ROWS
-of them (above that the module path's projections switch to oneDNN).
+It applies to a plain (not sharded) fp32 or bf16 CPU model with Kiln's
+kernels loaded, every projection in the model's dtype (fp32 models: also
+int8 or Kiln-format int4), a head layout the paged kernel takes, and a step
+of decode rows only, at most packed_min_rows(dtype) of them (above that the
+module path's projections switch to oneDNN).
 Families whose layer is Llama's with q/k/v biases (Qwen2), q/k norms
 (Qwen3), partial rotary (Phi-4-mini) or a sliding window (Mistral, Phi-3)
-pass those to the kernel too; Gemma and mixture-of-experts layers do not
-qualify (their layers are not LlamaLayer/LlamaMLP).
+pass those to the kernel too (fp32 models; a bf16 model with biases, q/k
+norms or partial rotary takes the module path: the kernel's bf16 rounding of
+those is not checked against the module path's); Gemma and
+mixture-of-experts layers do not qualify (their layers are not
+LlamaLayer/LlamaMLP).
 """
 from __future__ import annotations
 
@@ -28,8 +32,7 @@ from torch import nn
 
 from kiln.llm.attention.metadata import AttentionMetadata
 from kiln.llm.attention.options import AttentionOptions
-from kiln.llm.kernels.ops import kernels_loaded
-from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
+from kiln.llm.kernels.ops import kernels_loaded, packed_min_rows
 from kiln.llm.layers.linear import Linear
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
@@ -52,20 +55,24 @@ class FusedLayer:
 
 
 def supported(arch: ModelArch, embed_tokens: torch.Tensor) -> bool:
-    """Kernels loaded, a head layout the paged kernel takes, fp32 weights on CPU."""
+    """Kernels loaded, a head layout the paged kernel takes, fp32 or bf16 weights on CPU
+    (bf16: rope over whole heads only)."""
     heads_ok = (
         arch.head_dim % 16 == 0 and arch.num_heads % arch.num_kv_heads == 0
         and arch.num_heads // arch.num_kv_heads <= 8
     )
-    return (
-        kernels_loaded() and heads_ok and embed_tokens.dtype == torch.float32 and embed_tokens.device.type == "cpu"
-    )
+    partial_rope = arch.rotary_dim is not None and arch.rotary_dim < arch.head_dim
+    dtype_ok = embed_tokens.dtype == torch.float32 or (embed_tokens.dtype == torch.bfloat16 and not partial_rope)
+    return kernels_loaded() and heads_ok and dtype_ok and embed_tokens.device.type == "cpu"
 
 
-def projection_tensors(module: nn.Module) -> tuple[list[torch.Tensor], int] | None:
-    """(tensors the kernel takes, int4 group size or 0), or None."""
-    if type(module) is Linear and module.weight.dtype == torch.float32 and module.weight.is_contiguous():
+def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], int] | None:
+    """(tensors the kernel takes, int4 group size or 0) for a model of
+    `dtype`, or None. The quantized kernels take fp32 activations only."""
+    if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
         return [module.weight], 0
+    if dtype != torch.float32:
+        return None
     if type(module) is Int8Linear:
         return [module.weight_int8, module.scales_f32], 0
     if type(module) is Int4CpuLinear:
@@ -77,11 +84,12 @@ def fused_layer(
     qkv: nn.Module, o: nn.Module, gate_up: nn.Module, down: nn.Module, input_norm: torch.Tensor,
     post_norm: torch.Tensor,
 ) -> FusedLayer | None:
-    """One layer's kernel arguments, or None if a projection is of a kind the kernel does not take."""
+    """One layer's kernel arguments, or None if a projection is of a kind the kernel
+    does not take (the model's dtype is the norms')."""
     tensors: list[list[torch.Tensor]] = []
     groups: set[int] = set()
     for module in (qkv, o, gate_up, down):
-        found = projection_tensors(module)
+        found = projection_tensors(module, input_norm.dtype)
         if found is None:
             return None
         tensors.append(found[0])
@@ -98,14 +106,17 @@ def with_extras(
     options: AttentionOptions,
 ) -> FusedLayer | None:
     """`layer` with the family's extras, or None if its attention is not what the kernel computes
-    (a softmax scale other than head_dim ** -0.5, soft-capped scores)."""
+    (a softmax scale other than head_dim ** -0.5, soft-capped scores) or a bf16 layer has
+    extras other than a sliding window."""
     if options.scale is not None or options.logit_softcap is not None:
+        return None
+    if layer.input_norm.dtype != torch.float32 and (qkv_bias is not None or q_norm is not None or k_norm is not None):
         return None
     return dataclasses.replace(layer, qkv_bias=qkv_bias, q_norm=q_norm, k_norm=k_norm, window=options.sliding_window)
 
 
-def applies(meta: AttentionMetadata, num_tokens: int) -> bool:
-    return not meta.prefills and meta.num_decodes == num_tokens <= PACKED_MIN_ROWS
+def applies(meta: AttentionMetadata, num_tokens: int, dtype: torch.dtype = torch.float32) -> bool:
+    return not meta.prefills and meta.num_decodes == num_tokens <= packed_min_rows(dtype)
 
 
 def run(

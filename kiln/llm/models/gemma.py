@@ -23,7 +23,8 @@ from kiln.llm.attention.backend import AttentionBackend
 from kiln.llm.attention.metadata import AttentionMetadata
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.models.arch import ModelArch
-from kiln.llm.models.llama import LlamaAttention, LlamaLayer, LlamaMLP, LlamaModel, Rope
+from kiln.llm.models.llama import LlamaAttention, LlamaLayer, LlamaModel, Rope
+from kiln.llm.models.mlp import LlamaMLP
 
 
 class GemmaLayer(LlamaLayer):

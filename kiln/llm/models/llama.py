@@ -25,13 +25,15 @@ from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
 from kiln.llm.attention.options import AttentionOptions
 from kiln.llm.attention.selector import install_attention_backend
-from kiln.llm.kernels import ops
 from kiln.llm.kernels.ops import pack_linear_weight
 from kiln.llm.layers.linear import Linear, pack_for_prefill, project
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import ModelArch
+from kiln.llm.models.families.common import llama_weight_map
+from kiln.llm.models.mlp import LlamaMLP, no_reduce
+from kiln.llm.models.moe import SparseMoeBlock
 from kiln.llm.models.weight_map import WeightMap
 from kiln.llm.quant.apply import HEAD_METHOD, quantize_linears, quantize_weight
 from kiln.llm.quant.formats.stored import QuantizedWeight, StoredWeights, settle_prequantized
@@ -43,10 +45,6 @@ Rope = tuple[torch.Tensor, torch.Tensor]
 
 def _weight(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
-
-
-def _no_reduce(x: torch.Tensor) -> torch.Tensor:
-    return x
 
 
 def attention_options(arch: ModelArch, layer: int) -> AttentionOptions:
@@ -84,7 +82,7 @@ class LlamaAttention(nn.Module):
         self.o_proj: nn.Module = Linear(arch.q_size, arch.hidden_size)
         self.uses_local_rope = arch.local_rope_theta is not None and arch.window(layer) > 0
         self.backend = layer_backend(backend, attention_options(arch, layer))
-        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = no_reduce
 
     def forward(self, x: torch.Tensor, rope: Rope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         d = self.arch.head_dim
@@ -102,32 +100,6 @@ class LlamaAttention(nn.Module):
         q, k = RotaryEmbedding.rotate(q, k, *rope)
         out = self.backend.forward(q, k, v, kv_cache, meta)
         return self.reduce(self.o_proj(out.reshape(-1, q_size)))
-
-
-def gated_activation(gate_up: torch.Tensor, hidden_act: str) -> torch.Tensor:
-    """act(gate) * up for gate_up = gate | up: SwiGLU (silu) or GeGLU (gelu_tanh)."""
-    act = ops.silu_mul(gate_up) if hidden_act == "silu" else ops.gelu_tanh_mul(gate_up)
-    if act is not None:
-        return act
-    gate, up = gate_up.chunk(2, dim=-1)
-    if hidden_act == "silu":
-        return F.silu(gate) * up
-    return F.gelu(gate, approximate="tanh") * up
-
-
-class LlamaMLP(nn.Module):
-    hidden_act = "silu"  # a class default, so the sharded subclass has it
-
-    def __init__(self, arch: ModelArch, intermediate_size: int | None = None):
-        super().__init__()
-        self.inter = intermediate_size or arch.intermediate_size
-        self.hidden_act = arch.hidden_act
-        self.gate_up_proj: nn.Module = Linear(arch.hidden_size, 2 * self.inter)
-        self.down_proj: nn.Module = Linear(self.inter, arch.hidden_size)
-        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.reduce(self.down_proj(gated_activation(self.gate_up_proj(x), self.hidden_act)))
 
 
 class LlamaLayer(nn.Module):
@@ -148,9 +120,14 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: ModelArch, max_positions: int, backend: AttentionBackend | None = None):
+    def __init__(
+        self, arch: ModelArch, max_positions: int, backend: AttentionBackend | None = None,
+        weight_map: WeightMap | None = None,
+    ):
+        """`weight_map`: the family's checkpoint naming (the registry passes it); Llama's by default."""
         super().__init__()
         self.arch = arch
+        self._weight_map = weight_map or llama_weight_map(arch)
         backend = backend or TorchPagedAttention()
         rotary_dim = arch.rotary_dim or arch.head_dim
         self.rotary = RotaryEmbedding(rotary_dim, max_positions, arch.rope_theta, arch.rope_scaling)
@@ -174,8 +151,6 @@ class LlamaModel(nn.Module):
 
     def make_layer(self, layer: int, backend: AttentionBackend) -> nn.Module:
         """Decoder layer `layer` (a subclass's family may build its own)."""
-        from kiln.llm.models.moe import SparseMoeBlock
-
         arch = self.arch
         mlp = SparseMoeBlock(arch) if arch.is_moe_layer(layer) else LlamaMLP(arch)
         return LlamaLayer(arch, backend, LlamaAttention(arch, backend, layer), mlp)
@@ -246,7 +221,7 @@ class LlamaModel(nn.Module):
         """Returns final hidden states [T, hidden] (normed)."""
         x = self.embed(input_ids)
         rope = self.rotary.tables(positions)
-        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0]):
+        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0], x.dtype):
             return self.norm(fused_decode.run(self.fused_layers, self.arch, x, rope, kv_caches, meta))
         local = self.local_rotary.tables(positions) if self.local_rotary is not None else rope
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=False):
@@ -293,9 +268,7 @@ class LlamaModel(nn.Module):
     # ---- weights ----------------------------------------------------------
     def weight_map(self) -> WeightMap:
         """Where each parameter comes from in this model's checkpoints (its family's naming)."""
-        from kiln.llm.models.registry import family_of
-
-        return family_of(self.arch).weight_map(self.arch)
+        return self._weight_map
 
     def load_weights(
         self, weights: dict[str, torch.Tensor], source: str = "",

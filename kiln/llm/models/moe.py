@@ -21,13 +21,12 @@ from torch import nn
 
 from kiln.llm.layers.linear import linear
 from kiln.llm.models.arch import ModelArch
+from kiln.llm.models.mlp import LlamaMLP
 
 
 class SparseMoeBlock(nn.Module):
     def __init__(self, arch: ModelArch):
         super().__init__()
-        from kiln.llm.models.llama import LlamaMLP
-
         if arch.moe is None:
             raise ValueError("SparseMoeBlock needs an arch with a MoE shape")
         moe = arch.moe

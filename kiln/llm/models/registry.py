@@ -34,7 +34,7 @@ class Family:
     # config.json (parsed) and its path, generation_config.json's extra eos ids -> arch
     arch_from_hf: Callable[[dict[str, Any], str, tuple[int, ...]], ModelArch]
     weight_map: Callable[[ModelArch], WeightMap]
-    model_class: Callable[[], type[LlamaModel]]  # deferred: model code imports the registry
+    model_class: type[LlamaModel]
     gguf_architectures: tuple[str, ...] = ()
     arch_from_gguf: Callable[[GGUFMeta], ModelArch] | None = None
     gguf_naming: Callable[[ModelArch], GGUFNaming] | None = None
@@ -105,4 +105,5 @@ def expected_weight_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
 
 def build_model(arch: ModelArch, max_positions: int) -> LlamaModel:
     """An empty (unloaded) model of `arch`'s family."""
-    return family_of(arch).model_class()(arch, max_positions)
+    family = family_of(arch)
+    return family.model_class(arch, max_positions, weight_map=family.weight_map(arch))

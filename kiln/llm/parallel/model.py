@@ -21,7 +21,8 @@ from kiln.llm.layers.linear import pack_for_prefill
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models.arch import LlamaArch
-from kiln.llm.models.llama import LlamaAttention, LlamaLayer, LlamaMLP
+from kiln.llm.models.llama import LlamaAttention, LlamaLayer
+from kiln.llm.models.mlp import LlamaMLP
 from kiln.llm.parallel.layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from kiln.llm.parallel.layout import TensorSplit, stage_layers
 from kiln.llm.parallel.state import ParallelState

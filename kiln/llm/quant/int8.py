@@ -3,8 +3,11 @@
     w[n, k] ~= q[n, k] * scale[n],   q in [-127, 127],   scale = max|w[n, :]| / 127
 
 so the error of each weight is at most scale[n] / 2. With float32
-activations on CPU the matmul is Kiln's `linear_w8` kernel (int8 widened in
-registers, fp32 arithmetic, per-row scale on the finished dot product);
+activations on CPU the matmul is Kiln's `linear_w8` kernel: on AVX512_VNNI
+CPUs the activations are quantized dynamically to int8 in groups of 32 and
+multiplied as bytes (kiln/llm/kernels/linear_int8_vnni.cpp); elsewhere the
+int8 weights are widened in registers, fp32 arithmetic, per-row scale on the
+finished dot product;
 otherwise `torch._weight_int8pack_mm` (CPU, CUDA, MPS, XPU kernels in torch
 2.13): y = (x @ q^T) * scale, in the kernel dtype of base.py (bfloat16 on
 CPU).

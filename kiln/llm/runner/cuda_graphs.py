@@ -150,12 +150,12 @@ class CudaGraphRunner:
 
 def build_cuda_graphs(runner, config, max_model_len: int) -> CudaGraphRunner | None:
     """Captured decode graphs for a single-process CUDA runner, or None where they do not apply."""
-    # Imported here: Triton is an optional dependency, needed only on CUDA.
+    if runner.device.type != "cuda" or not config.model.enable_cuda_graphs:
+        return None
+    # Imported here, after the device check: Triton is an optional dependency, needed only on CUDA.
     from kiln.llm.attention.backend import AttentionBackend
     from kiln.llm.attention.triton_backend import TritonPagedAttention
 
-    if runner.device.type != "cuda" or not config.model.enable_cuda_graphs:
-        return None
     backends = [m.backend for m in runner.model.modules() if isinstance(getattr(m, "backend", None), AttentionBackend)]
     if not backends or not all(isinstance(b, TritonPagedAttention) for b in backends):
         log.info("CUDA graphs off: they need the Triton attention backend")

@@ -10,7 +10,8 @@ from kiln.llm.kv_cache.manager import cdiv
 from tests.integration.llm.bench_text import mixed_prompts
 
 NUM_TOKENS = 24
-POOL = dict(num_blocks=1024)  # the default 1 GiB pool is slow to build for a tiny model
+# The default 1 GiB pool is slow to build for a tiny model; fp32 whatever `--dtype auto` picks on this CPU.
+POOL = dict(num_blocks=1024, dtype="float32")
 
 
 def assert_idle(llm):
@@ -104,7 +105,10 @@ def kv_rows(core, request_id, num_tokens):
 
 
 def test_kv_after_rejections_equals_a_fresh_prefill(tiny_llama_dir, prompts):
-    llm = LLM(str(tiny_llama_dir), spec_method="draft", num_speculative_tokens=4, block_size=4, num_blocks=256)
+    llm = LLM(
+        str(tiny_llama_dir), spec_method="draft", num_speculative_tokens=4, block_size=4, num_blocks=256,
+        dtype="float32",
+    )
     core = llm.engine.core
     params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
     core.add_request(EngineCoreRequest("spec", prompts[1], params))
@@ -119,7 +123,7 @@ def test_kv_after_rejections_equals_a_fresh_prefill(tiny_llama_dir, prompts):
     assert len(core.kv.tables["spec"]) == cdiv(request.num_tokens, 4)
     spec_kv = kv_rows(core, "spec", n)
 
-    fresh = LLM(str(tiny_llama_dir), block_size=4, num_blocks=256)
+    fresh = LLM(str(tiny_llama_dir), block_size=4, num_blocks=256, dtype="float32")
     fresh.engine.core.add_request(EngineCoreRequest("fresh", request.all_token_ids[: n + 1], params))
     fresh.engine.core.step()  # one prefill of all n + 1 tokens
     fresh_kv = kv_rows(fresh.engine.core, "fresh", n)

@@ -39,7 +39,7 @@ def greedy(llm: LLM, prompts) -> list[list[int]]:
 def references(tiny_llama_dir, tiny_kv1_dir, token_prompts):
     refs = {}
     for name, directory in (("tiny", tiny_llama_dir), ("kv1", tiny_kv1_dir)):
-        llm = LLM(str(directory), num_blocks=64)
+        llm = LLM(str(directory), num_blocks=64, dtype="float32")
         weight_bytes = resident_weight_bytes(llm.engine.core.runner.model)
         refs[name] = (greedy(llm, token_prompts), prompt_logits(llm, token_prompts[0]), weight_bytes)
     return refs
@@ -58,7 +58,7 @@ CASES = [
 def test_parallel_matches_one_process(model, options, references, tiny_llama_dir, tiny_kv1_dir, token_prompts):
     ref_tokens, ref_logits, ref_bytes = references[model]
     directory = tiny_llama_dir if model == "tiny" else tiny_kv1_dir
-    with LLM(str(directory), num_blocks=64, **options) as llm:
+    with LLM(str(directory), num_blocks=64, dtype="float32", **options) as llm:
         assert greedy(llm, token_prompts) == ref_tokens
         got = prompt_logits(llm, token_prompts[0])
         assert got.shape == ref_logits.shape

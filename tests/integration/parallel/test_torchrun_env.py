@@ -28,10 +28,14 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
 
 
 def test_two_processes_from_env_match_one(tiny_llama_dir):
-    with LLM(str(tiny_llama_dir), num_blocks=64) as llm:  # what `kiln generate` prints, one process
+    # What `kiln generate` prints, one process (fp32: the parallel run must match it).
+    with LLM(str(tiny_llama_dir), num_blocks=64, dtype="float32") as llm:
         expected = llm.generate(PROMPT, SamplingParams(max_tokens=12, temperature=0.0))[0].outputs[0].text + "\n"
     base = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "KILN_LOG_LEVEL": "WARNING"}
-    gen = ["generate", str(tiny_llama_dir), "--prompt", PROMPT, "--max-tokens", "12", "--num-blocks", "64"]
+    gen = [
+        "generate", str(tiny_llama_dir), "--prompt", PROMPT, "--max-tokens", "12", "--num-blocks", "64",
+        "--dtype", "float32",
+    ]
 
     dist_env = {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     driver = kiln(*gen, "--tensor-parallel-size", "2", "--worker-launch", "env", env={**dist_env, "RANK": "0"})

@@ -30,7 +30,7 @@ def ids(smollm2_tokenizer):
 
 
 def model_perplexity(checkpoint, ids, **options):
-    config = EngineConfig.from_flat(model=checkpoint.source, **options)
+    config = EngineConfig.from_flat(model=checkpoint.source, **{"dtype": "float32", **options})
     model = build_model(checkpoint, config, max_model_len=WINDOW)
     return perplexity(model, ids, window=WINDOW).value
 

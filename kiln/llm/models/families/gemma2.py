@@ -14,6 +14,7 @@ from typing import Any
 
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.families.common import attention, embeddings_and_head, gated_mlp, layer_norms
+from kiln.llm.models.gemma import GemmaModel
 from kiln.llm.models.gguf_meta import GGUFMeta, GGUFNaming
 from kiln.llm.models.hf_config import SLIDING, HFConfig
 from kiln.llm.models.registry import Family
@@ -103,18 +104,12 @@ def gguf_naming(arch: ModelArch) -> GGUFNaming:
     return GGUFNaming(GEMMA_GGUF_BLOCK_NAMES, norm_offset=1.0)
 
 
-def _model() -> type:
-    from kiln.llm.models.gemma import GemmaModel
-
-    return GemmaModel
-
-
 FAMILY = Family(
     name="gemma2",
     hf_architectures=("Gemma2ForCausalLM",),
     arch_from_hf=arch_from_hf,
     weight_map=weight_map,
-    model_class=_model,
+    model_class=GemmaModel,
     gguf_architectures=("gemma2",),
     arch_from_gguf=arch_from_gguf,
     gguf_naming=gguf_naming,

@@ -13,13 +13,13 @@ from typing import Any
 
 from kiln.llm.models.arch import LinearRopeScaling, ModelArch
 from kiln.llm.models.families.gemma2 import (
-    _model,
     alternating,
     gemma_fields,
     gguf_naming,
     gguf_query_scale,
     weight_map,
 )
+from kiln.llm.models.gemma import GemmaModel
 from kiln.llm.models.gguf_meta import GGUFMeta
 from kiln.llm.models.hf_config import SLIDING, HFConfig
 from kiln.llm.models.registry import Family
@@ -75,7 +75,7 @@ FAMILY = Family(
     hf_architectures=("Gemma3ForCausalLM",),
     arch_from_hf=arch_from_hf,
     weight_map=weight_map,
-    model_class=_model,
+    model_class=GemmaModel,
     gguf_architectures=("gemma3",),
     arch_from_gguf=arch_from_gguf,
     gguf_naming=gguf_naming,

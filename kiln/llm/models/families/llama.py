@@ -12,6 +12,7 @@ from kiln.llm.models.arch import ModelArch, MoEShape
 from kiln.llm.models.families.common import llama_weight_map, reject_biases, require_silu
 from kiln.llm.models.gguf_meta import LLAMA_BLOCK_NAMES, GGUFMeta, GGUFNaming
 from kiln.llm.models.hf_config import HFConfig
+from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.registry import Family
 
 
@@ -40,18 +41,12 @@ def gguf_naming(arch: ModelArch) -> GGUFNaming:
     return GGUFNaming(LLAMA_BLOCK_NAMES, permute_qk=True)
 
 
-def _model() -> type:
-    from kiln.llm.models.llama import LlamaModel
-
-    return LlamaModel
-
-
 FAMILY = Family(
     name="llama",
     hf_architectures=("LlamaForCausalLM",),
     arch_from_hf=arch_from_hf,
     weight_map=llama_weight_map,
-    model_class=_model,
+    model_class=LlamaModel,
     gguf_architectures=("llama",),
     arch_from_gguf=arch_from_gguf,
     gguf_naming=gguf_naming,

@@ -11,8 +11,9 @@ from typing import Any
 
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.families.common import llama_weight_map, reject_biases, require_silu
-from kiln.llm.models.families.llama import _model, gguf_naming
+from kiln.llm.models.families.llama import gguf_naming
 from kiln.llm.models.hf_config import HFConfig
+from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.registry import Family
 
 
@@ -30,7 +31,7 @@ FAMILY = Family(
     hf_architectures=("MistralForCausalLM",),
     arch_from_hf=arch_from_hf,
     weight_map=llama_weight_map,
-    model_class=_model,
+    model_class=LlamaModel,
     gguf_naming=gguf_naming,
     # Sharded like Llama when no layer slides (the sharded layer takes no window).
     tensor_parallel=True,

@@ -23,9 +23,9 @@ from kiln.llm.models.families.common import (
     reject_biases,
     require_silu,
 )
-from kiln.llm.models.families.llama import _model
 from kiln.llm.models.gguf_meta import LLAMA_BLOCK_NAMES, GGUFNaming
 from kiln.llm.models.hf_config import HFConfig
+from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.registry import Family
 from kiln.llm.models.weight_map import WeightMap
 
@@ -75,6 +75,6 @@ FAMILY = Family(
     hf_architectures=("MixtralForCausalLM",),
     arch_from_hf=arch_from_hf,
     weight_map=weight_map,
-    model_class=_model,
+    model_class=LlamaModel,
     gguf_naming=gguf_naming,
 )

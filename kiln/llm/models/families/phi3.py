@@ -15,9 +15,9 @@ from typing import Any
 
 from kiln.llm.models.arch import LongRopeScaling, ModelArch
 from kiln.llm.models.families.common import llama_weight_map, require_silu
-from kiln.llm.models.families.llama import _model
 from kiln.llm.models.gguf_meta import LLAMA_BLOCK_NAMES, GGUFMeta, GGUFNaming
 from kiln.llm.models.hf_config import HFConfig
+from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.registry import Family
 from kiln.llm.models.weight_map import WeightMap
 
@@ -59,7 +59,7 @@ FAMILY = Family(
     hf_architectures=("Phi3ForCausalLM",),
     arch_from_hf=arch_from_hf,
     weight_map=weight_map,
-    model_class=_model,
+    model_class=LlamaModel,
     gguf_architectures=("phi3",),
     arch_from_gguf=arch_from_gguf,
     gguf_naming=gguf_naming,

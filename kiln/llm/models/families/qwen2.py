@@ -11,9 +11,9 @@ from typing import Any
 
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.families.common import llama_weight_map, require_silu
-from kiln.llm.models.families.llama import _model
 from kiln.llm.models.gguf_meta import LLAMA_BLOCK_NAMES, GGUFMeta, GGUFNaming
 from kiln.llm.models.hf_config import SLIDING, HFConfig
+from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.registry import Family
 
 
@@ -48,7 +48,7 @@ FAMILY = Family(
     hf_architectures=("Qwen2ForCausalLM",),
     arch_from_hf=arch_from_hf,
     weight_map=llama_weight_map,
-    model_class=_model,
+    model_class=LlamaModel,
     gguf_architectures=("qwen2",),
     arch_from_gguf=arch_from_gguf,
     gguf_naming=gguf_naming,

@@ -9,10 +9,10 @@ from typing import Any
 
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.families.common import llama_weight_map, reject_biases, require_silu
-from kiln.llm.models.families.llama import _model
 from kiln.llm.models.families.qwen2 import gguf_naming, qwen_windows
 from kiln.llm.models.gguf_meta import GGUFMeta
 from kiln.llm.models.hf_config import HFConfig
+from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.registry import Family
 
 
@@ -33,7 +33,7 @@ FAMILY = Family(
     hf_architectures=("Qwen3ForCausalLM",),
     arch_from_hf=arch_from_hf,
     weight_map=llama_weight_map,
-    model_class=_model,
+    model_class=LlamaModel,
     gguf_architectures=("qwen3",),
     arch_from_gguf=arch_from_gguf,
     gguf_naming=gguf_naming,

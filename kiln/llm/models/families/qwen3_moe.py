@@ -21,10 +21,10 @@ from kiln.llm.models.families.common import (
     reject_biases,
     require_silu,
 )
-from kiln.llm.models.families.llama import _model
 from kiln.llm.models.families.qwen2 import qwen_windows
 from kiln.llm.models.gguf_meta import LLAMA_BLOCK_NAMES, GGUFMeta, GGUFNaming
 from kiln.llm.models.hf_config import HFConfig
+from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.registry import Family
 from kiln.llm.models.weight_map import WeightMap
 
@@ -93,7 +93,7 @@ FAMILY = Family(
     hf_architectures=("Qwen3MoeForCausalLM",),
     arch_from_hf=arch_from_hf,
     weight_map=weight_map,
-    model_class=_model,
+    model_class=LlamaModel,
     gguf_architectures=("qwen3moe",),
     arch_from_gguf=arch_from_gguf,
     gguf_naming=gguf_naming,

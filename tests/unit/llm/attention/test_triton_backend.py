@@ -80,7 +80,9 @@ def test_an_engine_generates_the_same_tokens_with_either_backend():
     arch = LlamaArch(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=1e4, max_position_embeddings=256,
                      tie_word_embeddings=True)
-    config = EngineConfig.from_flat(max_model_len=128, num_blocks=40, max_num_batched_tokens=32, seed=3)
+    config = EngineConfig.from_flat(
+        dtype="float32", max_model_len=128, num_blocks=40, max_num_batched_tokens=32, seed=3
+    )
     shared = list(range(10, 50))
     prompts = [shared + [1, 2, 3], shared + [4], list(range(60, 65)), shared[:20] + [9] * 15]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

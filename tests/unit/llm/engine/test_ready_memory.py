@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from kiln.llm.engine.loop import _memory
+from kiln.llm.engine.loop import memory_bytes
 
 
 def test_single_process_runner_reports_weights_packed_copies_and_kv_pool():
@@ -14,8 +14,8 @@ def test_single_process_runner_reports_weights_packed_copies_and_kv_pool():
     model.register_buffer("table", torch.zeros(10, dtype=torch.float16))  # 20 bytes
     model[0].packed = torch.zeros(32)  # a prefill copy: 128 bytes
     runner = SimpleNamespace(model=model, kv_caches=[torch.zeros(2, 16, 2, 4) for _ in range(3)])
-    assert _memory(runner) == {"weights_bytes": 40 * 4 + 20 + 128, "kv_cache_bytes": 3 * 2 * 16 * 2 * 4 * 4}
+    assert memory_bytes(runner) == {"weights_bytes": 40 * 4 + 20 + 128, "kv_cache_bytes": 3 * 2 * 16 * 2 * 4 * 4}
 
 
 def test_parallel_runner_reports_nothing():
-    assert _memory(SimpleNamespace(model=nn.Linear(2, 2))) == {}  # its ranks hold shards; no kv_caches here
+    assert memory_bytes(SimpleNamespace(model=nn.Linear(2, 2))) == {}  # its ranks hold shards; no kv_caches here

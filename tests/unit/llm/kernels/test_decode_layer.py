@@ -1,8 +1,8 @@
 """kiln::decode_layer (one call per layer for decode-only steps) against the
 module path it replaces: the same kernels in the same order, so hidden
-states and the KV pool must be bit-identical, for fp32, int8 and int4
-weights, one or several decode groups; and it stays out of steps it does
-not cover."""
+states and the KV pool must be bit-identical, for fp32, int8, int4 and
+bf16 models, one or several decode groups; and it stays out of steps it
+does not cover."""
 import dataclasses
 
 import pytest
@@ -10,6 +10,7 @@ import torch
 
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
 from kiln.llm.kernels.build import cpu_supported
+from kiln.llm.kernels.ops import packed_min_rows
 from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch
@@ -31,8 +32,9 @@ def model_in(mode: str) -> LlamaModel:
     model = LlamaModel(ARCH, max_positions=256)
     for name, p in model.named_parameters():
         p.data.fill_(1.0) if "layernorm" in name or name == "norm.weight" else p.data.normal_(0, 0.05)
-    quantization = {"fp32": None, "int8": "int8", "int4": "int4"}[mode]
-    return model.finish(torch.device("cpu"), torch.float32, quantization, group_size=32)
+    quantization = {"fp32": None, "bf16": None, "int8": "int8", "int4": "int4"}[mode]
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    return model.finish(torch.device("cpu"), dtype, quantization, group_size=32)
 
 
 def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
@@ -55,7 +57,8 @@ def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
 @pytest.mark.parametrize(
     "mode,pool_dtype",
     [("fp32", torch.float32), ("int8", torch.float32), ("int4", torch.float32),
-     ("fp32", torch.float16), ("int4", torch.bfloat16)],  # 16-bit KV pools (kv_cache_dtype)
+     ("fp32", torch.float16), ("int4", torch.bfloat16),  # 16-bit KV pools (kv_cache_dtype)
+     ("bf16", torch.bfloat16), ("bf16", torch.float32)],  # a bf16 model: its own pool dtype, or fp32
 )
 @pytest.mark.parametrize("batch", [1, 5, 20])  # 20 rows: two decode groups
 def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch):
@@ -82,9 +85,19 @@ def test_applies_only_to_small_decode_only_steps():
     assert not fused_decode.applies(mixed, 4)
 
 
+def test_bf16_models_step_fused_up_to_their_own_row_limit():
+    _, _, _, meta = decode_step(4)
+    limit = packed_min_rows(torch.bfloat16)
+    many = dataclasses.replace(meta, num_decodes=limit)
+    assert fused_decode.applies(many, limit, torch.bfloat16)
+    assert not fused_decode.applies(dataclasses.replace(meta, num_decodes=limit + 1), limit + 1, torch.bfloat16)
+
+
 def test_models_it_cannot_serve_keep_the_module_path():
     model = model_in("fp32")
-    assert model.to(torch.bfloat16).gather_fused_layers() is None  # not fp32
+    assert model.to(torch.float16).gather_fused_layers() is None  # neither fp32 nor bf16
+    model = model_in("int8")
+    assert model.to(torch.bfloat16).gather_fused_layers() is None  # quantized kernels take fp32 activations
     model = model_in("fp32")
     model.layers[1].mlp.down_proj = torch.nn.Identity()  # an unknown projection type
     assert model.gather_fused_layers() is None

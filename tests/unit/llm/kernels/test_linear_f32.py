@@ -64,16 +64,20 @@ def test_falls_back_where_it_does_not_apply():
 
 @pytest.mark.parametrize("rows", [1, 5, 9, 200])
 def test_int8_weights_match_f_linear_on_the_dequantized_weight(rows):
-    # linear_w8 keeps activations in fp32: the reference is exact fp32 math on
-    # q * scale, so only summation order separates them.
+    # The weight-only kernel (ops.linear_w8 in the avx2 build, linear_w8_fp32x
+    # in every build) keeps activations in fp32: the reference is exact fp32
+    # math on q * scale, so only summation order separates them.
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 1540, generator=g)
     q = torch.randint(-127, 128, (301, 1540), generator=g, dtype=torch.int8)
     scales = torch.rand(301, generator=g) / 100
-    y = ops.linear_w8(x, q, scales)
+    assert ops.kernels_loaded()
+    y = torch.ops.kiln.linear_w8_fp32x(x, q, scales)
     ref = F.linear(x.double(), q.double() * scales.double()[:, None]).float()
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-    assert torch.equal(ops.linear_w8(x[-1:], q, scales), y[-1:])  # row independence
+    assert torch.equal(torch.ops.kiln.linear_w8_fp32x(x[-1:], q, scales), y[-1:])  # row independence
+    if not ops.vnni_int8():
+        assert torch.equal(ops.linear_w8(x, q, scales), y)
     assert ops.linear_w8(x, q.float(), scales) is None  # not int8: not this kernel
 
 
@@ -122,7 +126,8 @@ def test_finished_model_takes_many_logit_rows_through_the_packed_lm_head(tiny_ll
     from kiln.llm.layers import linear as linear_mod
     from kiln.llm.models.loader import load_checkpoint
 
-    model = build_model(load_checkpoint(tiny_llama3_dir), EngineConfig.from_flat(model=str(tiny_llama3_dir)), 512)
+    config = EngineConfig.from_flat(model=str(tiny_llama3_dir), dtype="float32")
+    model = build_model(load_checkpoint(tiny_llama3_dir), config, 512)
     if ops.pack_linear_weight(model.lm_head) is None:
         pytest.skip("oneDNN unavailable: no packed copy to route to")
     assert model.lm_head_packed is not None and model.lm_head is model.embed_tokens  # tied: packed, not re-pointed

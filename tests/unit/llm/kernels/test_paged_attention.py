@@ -1,7 +1,8 @@
 """Kiln's paged decode attention kernel against the torch reference path
 (gather the blocks, SDPA with a length mask). fp32 queries; pools in fp32,
 fp16 or bf16 against the reference on the same pool widened to fp32 (the
-kernel computes in fp32 on the stored values): tolerance 1e-5."""
+kernel computes in fp32 on the stored values): tolerance 1e-5. 16-bit
+queries: the fp32 result rounded once (within half a 16-bit step)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,22 @@ def test_16_bit_pools_match_the_reference_on_the_widened_pool(pool_dtype, heads,
     torch.testing.assert_close(out, reference(q, k16.float(), v16.float(), tables, lens), rtol=1e-5, atol=1e-5)
     # and the rounding of the pool itself moves the result only a little
     torch.testing.assert_close(out, reference(q, k_pool, v_pool, tables, lens), rtol=0, atol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_queries_give_the_fp32_result_rounded_once(dtype):
+    # A 16-bit model's queries widen exactly; the output is rounded once, as
+    # the torch path's SDPA in that dtype rounds its output.
+    q, k_pool, v_pool, tables, lens = random_case(6, batch=7, heads=9, kv_heads=3, head_dim=64, max_len=300)
+    q16, k16, v16 = q.to(dtype), k_pool.to(dtype), v_pool.to(dtype)
+    out = ops.paged_decode_attention(q16, k16, v16, tables, lens, BLOCK)
+    assert out is not None and out.dtype == dtype
+    assert torch.equal(out, ops.paged_decode_attention(q16.float(), k16, v16, tables, lens, BLOCK).to(dtype))
+    exact = reference(q16.float(), k16.float(), v16.float(), tables, lens)
+    half_step = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    assert ((out.float() - exact).abs() <= exact.abs() * half_step + 1e-5).all()
+    # SDPA in the 16-bit dtype (the torch path) rounds intermediates too: further off
+    torch.testing.assert_close(out, reference(q16, k16, v16, tables, lens), rtol=0, atol=0.02)
 
 
 def test_single_token_context_and_block_boundaries():

@@ -22,7 +22,7 @@ def ref(tmp_path_factory, smollm2_tokenizer):
 
 
 def test_prompt_logits_match_transformers(ref):
-    llm = LLM(str(ref.directory), kv_cache_memory_gib=0.05)
+    llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.05)
     arch = llm.engine.arch
     assert arch.layer_windows == (16, 0, 16)  # the first layer slides, then every other
     assert (arch.attn_logit_softcap, arch.final_logit_softcap, arch.query_scale) == (1.0, 2.0, 32**-0.5)

@@ -24,7 +24,7 @@ def ref(tmp_path_factory, smollm2_tokenizer):
 
 
 def test_prompt_logits_match_transformers(ref):
-    llm = LLM(str(ref.directory), kv_cache_memory_gib=0.05)
+    llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.05)
     arch = llm.engine.arch
     assert (arch.layer_windows, arch.qk_norm, arch.local_rope_theta) == ((16, 0, 16), True, 10_000.0)
     assert (arch.rope_theta, arch.rope_scaling) == (1_000_000.0, LinearRopeScaling(4.0))

@@ -17,7 +17,7 @@ def ref(tmp_path_factory, smollm2_tokenizer):
 
 
 def test_prompt_logits_match_transformers(ref):
-    llm = LLM(str(ref.directory), kv_cache_memory_gib=0.05)
+    llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.05)
     assert llm.engine.arch.layer_windows == (WINDOW, WINDOW)
     tiny.check_prompt_logits(llm, ref, atol=1e-4)
 

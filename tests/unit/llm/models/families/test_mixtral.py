@@ -19,7 +19,7 @@ def ref(tmp_path_factory, smollm2_tokenizer):
 
 
 def test_prompt_logits_match_transformers(ref):
-    llm = LLM(str(ref.directory), kv_cache_memory_gib=0.05)
+    llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.05)
     moe = llm.engine.arch.moe
     assert moe is not None and (moe.num_experts, moe.top_k, moe.renormalize) == (4, 2, True)
     tiny.check_prompt_logits(llm, ref, atol=1e-4)
@@ -27,7 +27,7 @@ def test_prompt_logits_match_transformers(ref):
 
 def test_routing_matches_transformers_router(ref):
     """Same experts and weights per token as transformers' MixtralTopKRouter."""
-    llm = LLM(str(ref.directory), kv_cache_memory_gib=0.01)
+    llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.01)
     block = llm.engine.core.runner.model.layers[0].mlp
     assert isinstance(block, SparseMoeBlock)
     hf_router = ref.model.model.layers[0].mlp.gate

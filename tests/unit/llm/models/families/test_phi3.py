@@ -24,7 +24,7 @@ def ref(tmp_path_factory, smollm2_tokenizer):
 
 
 def test_prompt_logits_match_transformers(ref):
-    llm = LLM(str(ref.directory), kv_cache_memory_gib=0.05)
+    llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.05)
     arch = llm.engine.arch
     assert (arch.family, arch.rotary_dim, arch.layer_windows) == ("phi3", ROTARY, (16, 16))
     tiny.check_prompt_logits(llm, ref, atol=1e-4)
@@ -46,7 +46,7 @@ def test_long_rope_matches_transformers_past_the_original_context(tmp_path, smol
     directory = tiny.build(tmp_path / "phi3_long", Phi3Config, Phi3ForCausalLM, smollm2_tokenizer,
                            partial_rotary_factor=0.5, rope_scaling=LONG_ROPE, pad_token_id=0,
                            original_max_position_embeddings=64)
-    llm = LLM(str(directory), kv_cache_memory_gib=0.05)
+    llm = LLM(str(directory), dtype="float32", kv_cache_memory_gib=0.05)
     scaling = llm.engine.arch.rope_scaling
     assert isinstance(scaling, LongRopeScaling) and scaling.attention_factor > 1  # sqrt(1 + ln 8 / ln 64)
     hf = tiny.hf_model(directory)

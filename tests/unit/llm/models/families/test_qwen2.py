@@ -14,12 +14,12 @@ def ref(tmp_path_factory, smollm2_tokenizer):
 
 
 def test_arch(ref):
-    arch = LLM(str(ref.directory), kv_cache_memory_gib=0.01).engine.arch
+    arch = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.01).engine.arch
     assert (arch.family, arch.attention_bias, arch.layer_windows) == ("qwen2", True, ())
 
 
 def test_prompt_logits_match_transformers(ref):
-    tiny.check_prompt_logits(LLM(str(ref.directory), kv_cache_memory_gib=0.05), ref, atol=1e-4)
+    tiny.check_prompt_logits(LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.05), ref, atol=1e-4)
 
 
 def test_engine_matches_transformers_with_caching_chunking_and_preemption(ref):

@@ -5,7 +5,7 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from kiln import LLM
-from kiln.llm.models.llama import LlamaMLP
+from kiln.llm.models.mlp import LlamaMLP
 from kiln.llm.models.moe import SparseMoeBlock
 from tests.unit.llm.models.families import tiny
 
@@ -21,14 +21,14 @@ def ref(tmp_path_factory, smollm2_tokenizer):
 
 
 def test_prompt_logits_match_transformers(ref):
-    llm = LLM(str(ref.directory), kv_cache_memory_gib=0.05)
+    llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.05)
     layers = llm.engine.core.runner.model.layers
     assert isinstance(layers[0].mlp, SparseMoeBlock) and type(layers[1].mlp) is LlamaMLP
     tiny.check_prompt_logits(llm, ref, atol=1e-4)
 
 
 def test_routing_without_renormalisation(ref):
-    llm = LLM(str(ref.directory), kv_cache_memory_gib=0.01)
+    llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.01)
     block = llm.engine.core.runner.model.layers[0].mlp
     x = torch.randn(50, 64, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

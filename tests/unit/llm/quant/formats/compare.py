@@ -30,7 +30,8 @@ def hf_logits(model: LlamaForCausalLM, state: dict[str, torch.Tensor] | None = N
 
 
 def kiln_model(ckpt: Checkpoint, **options):
-    config = EngineConfig.from_flat(model=ckpt.source, **options)
+    # float32 unless asked: the references are float32 transformers (auto is bf16 on AVX512_BF16 CPUs).
+    config = EngineConfig.from_flat(model=ckpt.source, **{"dtype": "float32", **options})
     return build_model(ckpt, config, max_model_len=64)
 
 

@@ -1,0 +1,81 @@
+"""The kernel build: every ISA build compiled, in parallel, and a failed
+compile reported with a non-zero status while the others are kept."""
+import pytest
+
+from kiln.llm.kernels import build
+
+
+def test_each_isa_build_has_its_flags_and_sources():
+    assert set(build.BUILDS) == {"avx2", "avx512_bf16"}
+    avx2, avx512 = build.BUILDS["avx2"], build.BUILDS["avx512_bf16"]
+    assert {"-mavx2", "-mfma", "-mf16c"} <= set(avx2.flags) and not any("avx512" in f for f in avx2.flags)
+    assert {"-mavx512bf16", "-mavx512vnni", "-DKILN_AVX512_BF16=1"} <= set(avx512.flags)
+    assert set(avx2.sources) < set(avx512.sources)  # the bf16 dot-product kernel only where it can run
+    assert all(s.exists() for s in avx512.sources)
+    assert avx2.library.name == "_kiln_kernels_avx2.so"
+
+
+def test_the_unity_source_includes_every_file_once(tmp_path):
+    unit = build.unity_source(build.BUILDS["avx512_bf16"], tmp_path)
+    lines = unit.read_text().splitlines()
+    assert lines == [f'#include "{s}"' for s in build.BUILDS["avx512_bf16"].sources]
+
+
+@pytest.mark.skipif(build.compiler() is None or not build.cpu_supported(), reason="no C++ compiler or AVX2 CPU")
+def test_a_failed_compile_is_reported_and_the_others_are_kept(tmp_path, capsys):
+    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
+    good.write_text("extern \"C\" int kiln_probe() { return 7; }\n")
+    bad.write_text("this is not C++;\n")
+    builds = [build.Build("good", build.AVX2_FLAGS, (good,), tmp_path),
+              build.Build("bad", build.AVX2_FLAGS, (bad,), tmp_path)]
+    assert build.build_all(builds, tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "building _kiln_kernels_bad.so FAILED" in out and "built _kiln_kernels_good.so in" in out
+    assert (tmp_path / "_kiln_kernels_good.so").exists()
+    assert not (tmp_path / "_kiln_kernels_bad.so").exists() and not list(tmp_path.glob("*.tmp.so"))
+    assert build.build_all(builds[:1], tmp_path) == 0
+
+
+@pytest.fixture
+def empty_package(tmp_path, monkeypatch):
+    """No library beside the package or in the cache: what a pip-installed wheel looks like."""
+    package, cache = tmp_path / "package", tmp_path / "cache"
+    package.mkdir()
+    monkeypatch.setattr(build, "HERE", package)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    source = tmp_path / "probe.cpp"
+    source.write_text("extern \"C\" int kiln_probe() { return 7; }\n")
+    monkeypatch.setitem(build.BUILDS, "avx2", build.Build("avx2", build.AVX2_FLAGS, (source,), package))
+    return package, cache / "kiln" / "kernels" / f"torch-{build.torch.__version__}"
+
+
+def test_libraries_are_found_beside_the_package_or_in_the_cache(empty_package):
+    package, cache = empty_package
+    assert build.find_library("avx2") is None
+    cache.mkdir(parents=True)
+    (cache / "_kiln_kernels_avx2.so").write_bytes(b"")
+    assert build.find_library("avx2") == cache / "_kiln_kernels_avx2.so"
+    (package / "_kiln_kernels_avx2.so").write_bytes(b"")
+    assert build.find_library("avx2") == package / "_kiln_kernels_avx2.so"  # `make`'s build first
+
+
+def test_without_a_compiler_first_use_warns_and_falls_back(empty_package, monkeypatch, caplog):
+    monkeypatch.setattr(build, "compiler", lambda: None)
+    build._warn_no_compiler.cache_clear()
+    with caplog.at_level("WARNING", logger="kiln.llm.kernels.build"):
+        assert build.build_on_first_use("avx2") is None
+    build._warn_no_compiler.cache_clear()
+    assert "no C++ compiler (c++ or g++) to build them; running on PyTorch's kernels" in caplog.text
+
+
+@pytest.mark.skipif(build.compiler() is None or not build.cpu_supported(), reason="no C++ compiler or AVX2 CPU")
+def test_first_use_compiles_once_into_the_package_or_else_the_cache(empty_package, monkeypatch, caplog):
+    package, cache = empty_package
+    with caplog.at_level("WARNING", logger="kiln.llm.kernels.build"):
+        assert build.build_on_first_use("avx2") == package / "_kiln_kernels_avx2.so"
+    assert "_kiln_kernels_avx2.so not built; compiling it now into" in caplog.text
+    assert (package / "_kiln_kernels_avx2.so").exists()
+    (package / "_kiln_kernels_avx2.so").unlink()
+    monkeypatch.setattr(build, "_writable", lambda directory: False)  # a read-only site-packages
+    assert build.build_on_first_use("avx2") == cache / "_kiln_kernels_avx2.so"
+    assert build.find_library("avx2") == cache / "_kiln_kernels_avx2.so"
