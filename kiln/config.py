@@ -111,13 +111,30 @@ class CacheConfig:
             raise ConfigError("num_blocks must be positive", param="num_blocks")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = option(1024, "token budget of one engine step (prefill chunks + decodes)")
     max_num_seqs: int = option(128, "most requests running at once")
     enable_chunked_prefill: bool = option(True, "split long prompts over several steps")
+    scheduling_policy: str = option(
+        "fcfs", "admission order: fcfs (arrival), or priority (lower request priority first, with aging)",
+        SCHEDULING_POLICIES,
+    )
+    priority_aging_s: float = option(
+        10.0, "priority policy: seconds of waiting worth one priority level (bounds starvation; 0: strict)"
+    )
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(
+                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}",
+                param="scheduling_policy",
+            )
+        if not 0 <= self.priority_aging_s < float("inf"):
+            raise ConfigError("priority_aging_s must be a non-negative number", param="priority_aging_s")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
         if self.max_num_seqs < 1:
@@ -286,6 +303,7 @@ def flat_options(config: EngineConfig) -> dict[str, Any]:
 
 
 ENGINE_MODES = ("process", "thread")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")
 MODEL_CONTROL_MODES = ("none", "explicit")
 PRICE_SCOPES = ("server", "device")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -333,6 +351,10 @@ class ServerConfig:
     timeout_idle_s: float = option(30.0, "seconds an unfinished request may send nothing before it is dropped")
     timeout_keep_alive_s: int = option(5, "seconds an idle keep-alive HTTP connection stays open")
     max_tokens_limit: int | None = option(None, "largest max_tokens a request may ask (default: the context)")
+    tool_call_parser: str = option(
+        "auto", "how chat output becomes tool calls: auto (by each model's chat template), hermes, llama3_json",
+        TOOL_CALL_PARSERS,
+    )
     shutdown_timeout: int = option(30, "seconds in-flight requests get to finish on SIGTERM")
     autoscale_target_requests: float = option(
         8.0, "requests in service per replica that the kiln:desired_replicas hint (and Ray Serve) aim at"
@@ -359,6 +381,8 @@ class ServerConfig:
             raise ConfigError(f"grpc_port must be in [-1, 65535], got {self.grpc_port}", param="grpc_port")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}", param="port")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS}", param="tool_call_parser")
         if self.engine_mode not in ENGINE_MODES:
             raise ConfigError(f"engine_mode must be one of {ENGINE_MODES}", param="engine_mode")
         if self.log_level not in LOG_LEVELS:

@@ -8,7 +8,10 @@ KServe v2 contract:
     outputs  text_output BYTES [1]
 With max_batch_size > 0 each input has a batch dimension in front; every row
 is its own engine request. Request parameter `stream: true` (gRPC
-ModelStreamInfer) streams one response per new piece of text.
+ModelStreamInfer) streams one response per new piece of text. Structured
+outputs, as the OpenAI routes' vLLM names: one of the string parameters
+`guided_json` (a JSON schema), `guided_regex`, `guided_grammar` (EBNF or
+Lark), applied to every row.
 
 Engine options come from the config's `parameters` (`dtype`,
 `kv_cache_memory_gib`, ...) plus `model`: a relative path inside the version
@@ -28,12 +31,16 @@ from typing import Any
 import numpy as np
 
 from kiln.config import EngineConfig
+from kiln.dataplane.embedding import split_embedding_settings
 from kiln.dataplane.restarts import RestartPolicy
 from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import ConfigError, InvalidRequestError
 from kiln.llm.engine.async_llm import AsyncLLM
 from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.structured.spec import GrammarSpec, grammar_syntax
+from kiln.llm.structured.validate import check_spec
 from kiln.metrics.server_metrics import LLMMetricFamilies, ServerMetrics
+from kiln.serving.batching.batcher import request_priority
 from kiln.serving.model import AsyncModel, LoadContext
 from kiln.serving.repository.config import TensorSpec
 from kiln.serving.types import InferRequest, InferResponse
@@ -97,13 +104,15 @@ class LLMModel(AsyncModel):
 
     async def load(self, context: LoadContext) -> None:
         name = context.config.name
-        config = EngineConfig.from_flat(**engine_options(context.config.parameters, context.version_dir))
+        embedding, parameters = split_embedding_settings(dict(context.config.parameters))
+        config = EngineConfig.from_flat(**engine_options(parameters, context.version_dir))
         served = ServedLLM(
             name,
             config,
             ServerMetrics(self.families, name),
             engine_mode=self.engine_mode,
             max_queued_requests=self.max_queued_requests,
+            embedding=embedding,
             restart_policy=self.restart_policy,
         )
         self.served = served
@@ -124,8 +133,9 @@ class LLMModel(AsyncModel):
         engine = self._engine()
         rows = self._rows(request)
         assert self.served is not None  # _engine() checked it
+        priority = request_priority(request)
         self.served.admit(engine, len(rows))
-        texts = await asyncio.gather(*(_complete(engine, prompt, params) for prompt, params in rows))
+        texts = await asyncio.gather(*(_complete(engine, prompt, params, priority) for prompt, params in rows))
         shape = request.inputs["text_input"].shape
         return {"text_output": _bytes_array([t.encode("utf-8") for t in texts], shape)}
 
@@ -136,15 +146,16 @@ class LLMModel(AsyncModel):
         if len(rows) != 1:
             raise InvalidRequestError(f"a streamed llm request takes one prompt, got {len(rows)}")
         engine = self._engine()
+        priority = request_priority(request)
         assert self.served is not None
         self.served.admit(engine, 1)
-        return self._stream(engine, request, *rows[0])
+        return self._stream(engine, request, *rows[0], priority)
 
     async def _stream(
-        self, engine: AsyncLLM, request: InferRequest, prompt: str, params: SamplingParams
+        self, engine: AsyncLLM, request: InferRequest, prompt: str, params: SamplingParams, priority: int
     ) -> AsyncGenerator[InferResponse, None]:
         shape = request.inputs["text_input"].shape
-        async for out in engine.generate(prompt, params, _request_id()):
+        async for out in engine.generate(prompt, params, _request_id(), priority):
             if out.delta_text or out.finished:
                 outputs = {"text_output": _bytes_array([out.delta_text.encode("utf-8")], shape)}
                 yield InferResponse(request.model_name, request.model_version, outputs, id=request.id,
@@ -159,9 +170,9 @@ class LLMModel(AsyncModel):
         return self.served.ready_engine()
 
 
-async def _complete(engine: AsyncLLM, prompt: str, params: SamplingParams) -> str:
+async def _complete(engine: AsyncLLM, prompt: str, params: SamplingParams, priority: int) -> str:
     text = ""
-    async for out in engine.generate(prompt, params, _request_id()):
+    async for out in engine.generate(prompt, params, _request_id(), priority):
         text = out.outputs[0].text
     return text
 
@@ -187,10 +198,29 @@ def _rows(
         raise InvalidRequestError(
             f"max_tokens exceeds this server's limit of {max_tokens_limit} (max_tokens_limit)", param="max_tokens")
     temperature = _column(request, "temperature", len(prompts), 0.0)
+    structured = _structured(request.parameters)
     return [
-        (_text(p), SamplingParams(max_tokens=int(m), temperature=float(t)))
+        (_text(p), SamplingParams(max_tokens=int(m), temperature=float(t), structured=structured))
         for p, m, t in zip(prompts, max_tokens, temperature, strict=True)
     ]
+
+
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_grammar": ""}
+
+
+def _structured(parameters: dict[str, Any]) -> GrammarSpec | None:
+    """The request's one structured-output constraint (checked: a bad one is a 400 naming it)."""
+    given = [name for name in GUIDED if name in parameters]
+    if len(given) > 1:
+        raise InvalidRequestError(f"set at most one of {', '.join(given)}", param=given[1])
+    if not given:
+        return None
+    name, value = given[0], parameters[given[0]]
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"parameter {name} must be a string", param=name)
+    spec = GrammarSpec(GUIDED[name] or grammar_syntax(value), value)
+    check_spec(spec, name)
+    return spec
 
 
 def _column(request: InferRequest, name: str, rows: int, default: float) -> list[Any]:

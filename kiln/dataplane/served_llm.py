@@ -23,12 +23,14 @@ import logging
 import time
 
 from kiln.config import EngineConfig
+from kiln.dataplane.embedding import EmbeddingSettings
 from kiln.dataplane.load import CountingObserver, RequestTotals, SourceLoad
 from kiln.dataplane.restarts import RestartBudget, RestartPolicy
 from kiln.dataplane.usage import UsageObserver
 from kiln.errors import (
     EngineDeadError,
     EngineRestartingError,
+    InvalidRequestError,
     KilnError,
     ModelLoadingError,
     ModelUnavailableError,
@@ -52,9 +54,11 @@ class ServedLLM:
         *,
         engine_mode: str = "process",
         max_queued_requests: int | None = None,
+        embedding: EmbeddingSettings | None = None,
         restart_policy: RestartPolicy | None = None,
     ):
         self.name = name
+        self.embedding = embedding or EmbeddingSettings()
         self.config = config
         self.engine_mode = engine_mode
         self.max_queued_requests = max_queued_requests
@@ -176,6 +180,12 @@ class ServedLLM:
         if engine.is_dead:
             raise EngineDeadError(f"the engine of model {self.name!r} died: {engine.dead_message}")
         return engine
+
+    def generation_engine(self) -> AsyncLLM:
+        """`ready_engine`, for completions and chat (an embedding-only model refuses them)."""
+        if self.embedding.embedding_only:
+            raise InvalidRequestError(f"model {self.name!r} serves embeddings only (/v1/embeddings)", param="model")
+        return self.ready_engine()
 
     def admit(self, engine: AsyncLLM, num_requests: int) -> None:
         """Refuse at once (503) when `num_requests` more would exceed what the

@@ -51,6 +51,22 @@ class LLM:
                 break
         return [finished[rid] for rid in ids]
 
+    def embed(self, prompts: Prompt | Sequence[Prompt], pooling: str = "last") -> list[list[float]]:
+        """Pooled final hidden state of each prompt ("last" token or "mean"), not normalised."""
+        prompts = _as_prompt_list(prompts)
+        ids = []
+        for prompt in prompts:
+            rid = f"offline-{self._counter}"
+            self._counter += 1
+            self.engine.add_request(rid, prompt, SamplingParams(max_tokens=1), pooling=pooling)
+            ids.append(rid)
+        vectors: dict[str, list[float]] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished and out.embedding is not None:
+                    vectors[out.request_id] = out.embedding
+        return [vectors[rid] for rid in ids]
+
     def shutdown(self) -> None:
         """Stop the worker processes of a tensor/pipeline-parallel engine."""
         self.engine.shutdown()

@@ -13,6 +13,7 @@ class TokenLogprob(msgspec.Struct, frozen=True):
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = []
+    rank: int | None = None  # 1 + how many tokens were more likely (set for prompt logprobs)
 
 
 @dataclass
@@ -37,3 +38,6 @@ class RequestOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[TokenLogprob] | None = None
+    # Prompt logprobs (entry 0 is None: the first token has no context), when asked.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    embedding: list[float] | None = None  # an embedding request's pooled vector

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +21,9 @@ class RequestStatus(enum.Enum):
     @property
     def finished(self) -> bool:
         return self.value in ("stop", "length", "abort", "error")
+
+
+_arrivals = itertools.count()
 
 
 @dataclass(eq=False)
@@ -47,6 +51,23 @@ class Request:
     # Draft tokens proposed for the next step (speculative decoding). They
     # are never part of all_token_ids: only verified tokens are appended.
     spec_token_ids: list[int] = field(default_factory=list)
+    # "last" | "mean": an embedding request (prefill only, pooled hidden state out).
+    pooling: str | None = None
+    # Prompt logprobs computed but not yet reported (when sampling_params.prompt_logprobs is set);
+    # positions [1, num_prompt_logprobs_done) were computed once and are never recomputed or resent.
+    pending_prompt_logprobs: list = field(default_factory=list)
+    num_prompt_logprobs_done: int = 1
+    seq: int = field(default_factory=lambda: next(_arrivals))  # tie-break of equal sort keys: arrival order
+
+    @property
+    def needs_every_position(self) -> bool:
+        """Its prompt's every position feeds an output (embedding, prompt logprobs): no prefix-cache reuse."""
+        return self.prefill_only or self.sampling_params.prompt_logprobs is not None
+
+    @property
+    def prefill_only(self) -> bool:
+        """Runs its prompt and finishes: an embedding, or prompt scoring (max_tokens 0)."""
+        return self.pooling is not None or self.sampling_params.max_tokens == 0
 
     @property
     def num_prompt_tokens(self) -> int:

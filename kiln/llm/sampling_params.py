@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.errors import InvalidRequestError
+from kiln.llm.structured.spec import GrammarSpec
 
 # Upper bounds on what one request may ask for; the server may lower them.
 MAX_LOGPROBS = 20
@@ -38,6 +39,11 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     include_stop_str_in_output: bool = False
     speculate: bool = True  # False: never verify draft tokens for this request
+    # The grammar the output must follow (structured outputs), if any.
+    structured: GrammarSpec | None = None
+    # Log-probabilities of every prompt token (and this many top alternatives
+    # at each position); with max_tokens 0 the request only scores its prompt.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -52,8 +58,12 @@ class SamplingParams:
         def bad(param: str, why: str) -> None:
             raise InvalidRequestError(f"{param} {why}", param=param)
 
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            bad("max_tokens", f"must be at least 1, got {self.max_tokens}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            bad("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        scoring = self.prompt_logprobs is not None and self.max_tokens == 0
+        if not isinstance(self.max_tokens, int) or (self.max_tokens < 1 and not scoring):
+            bad("max_tokens", f"must be at least 1 (0 only to score a prompt, with prompt_logprobs), got "
+                f"{self.max_tokens}")
         if self.min_tokens < 0:
             bad("min_tokens", f"must be non-negative, got {self.min_tokens}")
         if self.min_tokens > self.max_tokens:
@@ -82,6 +92,10 @@ class SamplingParams:
             bad("stop", "must be valid UTF-8 text")
         if any(not isinstance(t, int) or not 0 <= t <= INT32_MAX for t in self.stop_token_ids):
             bad("stop_token_ids", "must be non-negative token ids")
+        if self.structured is not None and self.min_tokens > 0:
+            bad("min_tokens", "cannot be combined with structured outputs (the grammar decides where output ends)")
+        if self.structured is not None and self.ignore_eos:
+            bad("ignore_eos", "cannot be combined with structured outputs (the grammar ends output with EOS)")
         for tok, bias in self.logit_bias.items():
             if not -100.0 <= bias <= 100.0:
                 bad("logit_bias", f"values must be in [-100, 100], got {bias} for token {tok}")
@@ -89,6 +103,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_processing_always(self) -> bool:
+        """Logits always need processing (bias or a grammar mask)."""
+        return bool(self.logit_bias) or self.structured is not None
 
     @property
     def needs_penalties(self) -> bool:

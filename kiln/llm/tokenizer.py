@@ -53,22 +53,26 @@ class Tokenizer:
             raise TypeError(f"tokenizer decode returned {type(text).__name__}, expected str")
         return text
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text the model's chat template makes of `messages`."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
+    ) -> str:
+        """The prompt text the model's chat template makes of `messages` (and `tools`, if it renders them)."""
         if self.chat_template is None:
             raise InvalidRequestError(f"the model's tokenizer ({self.source}) has no chat template")
         try:
             text = self.hf.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools
             )
         except TemplateError as e:  # the template rejected the messages
             raise InvalidRequestError(f"chat template error: {e}", param="messages") from e
         return str(text)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
+    ) -> list[int]:
         # The template writes any BOS itself, so no special tokens are added
         # (this is what transformers' own tokenize=True path does).
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False)
 
 
 def load_tokenizer(path: str | Path, chat_template: str | None = None) -> Tokenizer:

@@ -1,2 +1,2 @@
-"""The OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/models,
+"""The OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models,
 /tokenize, /detokenize."""

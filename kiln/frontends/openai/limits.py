@@ -1,6 +1,6 @@
 """What one OpenAI request may carry, declared once for every request model.
 
-Two layers, both applied by `protocol.Strict` (the base of every request model):
+Two layers, both applied by `strict.Strict` (the base of every request model):
 
 1. Every value anywhere in a body is representable downstream, whatever field
    it sits in (`kiln.frontends.limits.check_representable`, run before field
@@ -17,9 +17,10 @@ A violation is an InvalidRequestError (400) naming the field.
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from kiln.frontends.limits import INT64_MAX, INT64_MIN
 from kiln.llm.sampling_params import MAX_LOGPROBS
@@ -34,6 +35,10 @@ MAX_PROMPT_TOKEN_IDS = 1 << 17  # one prompt as token ids (longer than any conte
 MAX_PROMPT_LIST = 4096  # prompts in one body; --max-prompts-per-request is usually far lower
 MAX_MESSAGES = 4096
 MAX_CONTENT_PARTS = 4096
+MAX_TOOLS = 128  # OpenAI's own cap; every tool's schema goes into the prompt
+MAX_TOOL_CALLS = 128  # calls one earlier assistant message may carry
+MAX_CHOICES = 1024  # structured-output choice: one grammar alternative each
+MAX_GRAMMAR_CHARS = 1 << 16  # a regex, grammar, choice or JSON schema (as JSON text) compiled per request
 
 Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
 NonNegativeInt32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
@@ -53,3 +58,14 @@ Prompt = (
     | TokenIds
     | Annotated[list[TokenIds], Field(max_length=MAX_PROMPT_LIST)]
 )
+
+
+def _schema_within_limit(schema: Any) -> Any:
+    if len(json.dumps(schema)) > MAX_GRAMMAR_CHARS:
+        raise ValueError(f"JSON schema exceeds {MAX_GRAMMAR_CHARS} characters")
+    return schema
+
+
+GrammarText = Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)]
+Schema = Annotated[dict[str, Any], AfterValidator(_schema_within_limit)]
+Choices = Annotated[list[GrammarText], Field(max_length=MAX_CHOICES)]

@@ -50,3 +50,41 @@ def chat_logprobs(entries: list[TokenLogprob], texts: TokenTexts) -> dict:
             {**item(e.token_id, e.logprob), "top_logprobs": [item(tid, lp) for tid, lp in e.top]} for e in entries
         ]
     }
+
+
+def prompt_logprobs_body(entries: list[TokenLogprob | None], texts: TokenTexts) -> list[dict | None]:
+    """vLLM's prompt_logprobs: per prompt position (None for the first), token id ->
+    {logprob, rank, decoded_token} for the prompt token and the top alternatives."""
+    body: list[dict | None] = []
+    for e in entries:
+        if e is None:
+            body.append(None)
+            continue
+        position = {str(tid): {"logprob": lp, "rank": i + 1, "decoded_token": texts(tid)} for i, (tid, lp) in
+                    enumerate(e.top)}
+        position[str(e.token_id)] = {"logprob": e.logprob, "rank": e.rank, "decoded_token": texts(e.token_id)}
+        body.append(position)
+    return body
+
+
+def echo_logprobs(entries: list[TokenLogprob | None], prompt_ids: list[int], texts: TokenTexts) -> dict:
+    """Completions logprobs of an echoed prompt: its first token has none (null)."""
+    body = completion_logprobs([e for e in entries if e is not None], texts)
+    first = texts(prompt_ids[0])
+    return {
+        "tokens": [first, *body["tokens"]],
+        "token_logprobs": [None, *body["token_logprobs"]],
+        "top_logprobs": [None, *body["top_logprobs"]],
+        "text_offset": [0, *(o + len(first) for o in body["text_offset"])],
+    }
+
+
+def joined_logprobs(head: dict, tail: dict) -> dict:
+    """Two completions logprobs bodies, the second's text offsets moved after the first's text."""
+    shift = sum(len(t) for t in head["tokens"])
+    return {
+        "tokens": head["tokens"] + tail["tokens"],
+        "token_logprobs": head["token_logprobs"] + tail["token_logprobs"],
+        "top_logprobs": head["top_logprobs"] + tail["top_logprobs"],
+        "text_offset": head["text_offset"] + [o + shift for o in tail["text_offset"]],
+    }

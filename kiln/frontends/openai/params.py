@@ -8,6 +8,7 @@ from kiln.errors import InvalidRequestError
 from kiln.frontends.openai.protocol import SamplingFields
 from kiln.llm.generation_defaults import GenerationDefaults
 from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.structured.spec import GrammarSpec
 
 NO_DEFAULTS = GenerationDefaults()
 
@@ -57,7 +58,8 @@ def _first(*values: Any) -> Any:
 
 def sampling_params(
     req: SamplingFields, *, max_tokens: int, logprobs: int | None, choice: int,
-    defaults: GenerationDefaults = NO_DEFAULTS,
+    defaults: GenerationDefaults = NO_DEFAULTS, structured: GrammarSpec | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """Choice `i` of a seeded request uses seed + i, so n > 1 gives n different
     samples and the same request gives the same n samples again. Fields the
@@ -81,4 +83,6 @@ def sampling_params(
         logit_bias=parse_logit_bias(req.logit_bias),
         include_stop_str_in_output=req.include_stop_str_in_output,
         speculate=req.speculate,
+        structured=structured,
+        prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
     )

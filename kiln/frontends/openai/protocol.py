@@ -9,14 +9,14 @@ limits.py; sampling ranges are checked once, by SamplingParams.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
-from kiln.frontends.limits import check_representable
 from kiln.frontends.openai.limits import (
     MAX_CONTENT_PARTS,
     MAX_MESSAGES,
+    MAX_TOOL_CALLS,
     Int32,
     LogitBias,
     Logprobs,
@@ -29,24 +29,17 @@ from kiln.frontends.openai.limits import (
     TokenIds,
     TopK,
 )
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _representable(cls, data: Any) -> Any:
-        check_representable(data)
-        return data
+from kiln.frontends.openai.strict import Strict
+from kiln.frontends.openai.structured import StructuredFields
+from kiln.frontends.openai.tools.protocol import ToolCall, ToolFields
 
 
 class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class SamplingFields(Strict):
-    """Fields shared by completions and chat."""
+class SamplingFields(StructuredFields):
+    """Fields shared by completions and chat (structured outputs: structured.py)."""
 
     model: str | None = None  # None: the server's (only) model
     n: PositiveInt32 = 1
@@ -71,12 +64,16 @@ class SamplingFields(Strict):
     priority: Int32 = 0
     # Kiln extra: false opts this request out of speculative decoding
     speculate: bool = True
+    # vLLM extra: logprobs of every prompt token, with this many top alternatives
+    prompt_logprobs: Int32 | None = None  # SamplingParams checks the range, naming the field
 
 
 class CompletionRequest(SamplingFields):
     prompt: Prompt
-    max_tokens: PositiveInt32 | None = 16
+    max_tokens: NonNegativeInt32 | None = 16  # 0: score the prompt only (with echo or prompt_logprobs)
     logprobs: Logprobs | None = None
+    echo: bool = False
+    best_of: Int32 | None = None  # checked against n and max_n where those are known
 
 
 class TextPart(Strict):
@@ -84,18 +81,28 @@ class TextPart(Strict):
     text: str
 
 
+class MediaPart(Strict):
+    """An image, audio, video or file part: parsed so it can be refused by name."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["image_url", "input_audio", "audio_url", "video_url", "file"]
+
+
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    content: str | Annotated[list[TextPart | MediaPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # role tool: the call this result answers
+    refusal: str | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: PositiveInt32 | None = None  # deprecated by OpenAI; max_completion_tokens wins
     max_completion_tokens: PositiveInt32 | None = None

@@ -13,6 +13,7 @@ from kiln.frontends.openai import serving_tokens
 from kiln.frontends.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from kiln.frontends.openai.serving_chat import ChatServing
 from kiln.frontends.openai.serving_completions import CompletionServing
+from kiln.frontends.openai.serving_embeddings import EmbeddingRequest, EmbeddingServing
 from kiln.frontends.openapi import request_body
 
 
@@ -20,6 +21,7 @@ def openai_router(dataplane: DataPlane) -> APIRouter:
     router = APIRouter()
     completions = CompletionServing(dataplane)
     chat = ChatServing(dataplane)
+    embeddings = EmbeddingServing(dataplane)
     started = int(time.time())
 
     @router.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
@@ -29,6 +31,10 @@ def openai_router(dataplane: DataPlane) -> APIRouter:
     @router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def create_chat_completion(request: Request) -> Response:
         return await chat.create(request)
+
+    @router.post("/v1/embeddings", openapi_extra=request_body(EmbeddingRequest))
+    async def create_embeddings(request: Request) -> Response:
+        return await embeddings.create(request)
 
     @router.get("/v1/models")
     async def models() -> dict:

@@ -30,7 +30,7 @@ from kiln.config import EngineConfig
 from kiln.errors import EngineDeadError, InvalidRequestError, KilnError, RequestFailedError
 from kiln.llm.engine.core_client import EngineCoreClient, ProcessEngineClient, ThreadEngineClient
 from kiln.llm.engine.input_processor import InputProcessor, Prompt
-from kiln.llm.engine.messages import EngineStats, Ready, StepResult
+from kiln.llm.engine.messages import EngineCoreOutput, EngineStats, Ready, StepResult
 from kiln.llm.engine.output_processor import OutputProcessor
 from kiln.llm.generation_defaults import GenerationDefaults, load_generation_defaults
 from kiln.llm.models.default_model import resolve_model_path
@@ -192,13 +192,16 @@ class AsyncLLM:
         return time.monotonic() - min(self._times[rid].arrival for rid in self._pending)
 
     # ---- requests ------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0) -> RequestStream:
-        """Validate and submit; errors (bad input, dead engine) raise here, before any output."""
+    def add_request(
+        self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0, pooling: str | None = None
+    ) -> RequestStream:
+        """Validate and submit; errors (bad input, dead engine) raise here, before any output.
+        With `pooling` ("last" | "mean") the request is an embedding: one output, its vector."""
         if self.dead_message is not None:
             raise EngineDeadError(f"the engine is not running: {self.dead_message}")
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
-        text, msg = self.inputs.process(request_id, prompt, params, priority)
+        text, msg = self.inputs.process(request_id, prompt, params, priority, pooling)
         self.client.add_request(msg)  # first: it raises for a request the engine wire cannot carry
         stream = RequestStream(request_id, self.abort)
         self._streams[request_id] = stream
@@ -233,7 +236,7 @@ class AsyncLLM:
         engine_outputs = []
         for engine_out in result.outputs.outputs:
             if engine_out.error is not None:
-                self._fail_in_engine(engine_out.request_id, engine_out.error)
+                self._fail_in_engine(engine_out)
             else:
                 engine_outputs.append(engine_out)
         try:
@@ -254,8 +257,10 @@ class AsyncLLM:
                 self.abort(rid)
                 stream.put(error)
 
-    def _fail_in_engine(self, request_id: str, message: str) -> None:
-        """The engine ended this request with an error (it is already gone there)."""
+    def _fail_in_engine(self, engine_out: EngineCoreOutput) -> None:
+        """The engine ended this request with an error (it is already gone there):
+        a 400 when its own input was at fault, else RequestFailedError."""
+        request_id = engine_out.request_id
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return
@@ -264,7 +269,11 @@ class AsyncLLM:
         times = self._times.pop(request_id)
         if self.observer:
             self.observer.on_failed(times, "error")
-        stream.put(RequestFailedError(f"the request failed in the engine: {message}"))
+        message = engine_out.error or ""
+        if engine_out.invalid:
+            stream.put(InvalidRequestError(message, param=engine_out.error_param))
+        else:
+            stream.put(RequestFailedError(f"the request failed in the engine: {message}"))
 
     def _deliver(self, out: RequestOutput, now: float) -> None:
         stream = self._streams.get(out.request_id)

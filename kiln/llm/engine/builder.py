@@ -27,6 +27,8 @@ from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
 from kiln.llm.spec_decode.ngram import NgramProposer
 from kiln.llm.spec_decode.proposer import Proposer
+from kiln.llm.structured.backend import GrammarBackend
+from kiln.llm.structured.matchers import StructuredOutputs
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,11 @@ def build_proposer(
     )
 
 
+def structured_outputs(checkpoint: Checkpoint) -> StructuredOutputs:
+    """Grammar state over the checkpoint's tokenizer (read on the first structured request)."""
+    return StructuredOutputs(GrammarBackend(checkpoint.tokenizer_path, checkpoint.arch.vocab_size))
+
+
 def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | None) -> tuple[EngineCore, Checkpoint]:
     """Rank 0 of a TP x PP group: spawns/joins the other ranks (see kiln.llm.parallel).
 
@@ -128,6 +135,7 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
     torch.manual_seed(config.model.seed)
     runner = ParallelRunner(config, checkpoint.arch, reader, num_blocks, max_model_len)
     core = EngineCore(config, runner, num_blocks, max_model_len)
+    core.structured = structured_outputs(checkpoint)
     log.info(
         "parallel engine ready: %s, TP %d x PP %d, %d KV blocks, max_model_len %d, %.1fs",
         checkpoint.source, p.tensor_parallel_size, p.pipeline_parallel_size,
@@ -157,6 +165,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     runner.proposer = build_proposer(config, checkpoint, runner, num_blocks, max_model_len)
     runner.cuda_graphs = build_cuda_graphs(runner, config, max_model_len)
     core = EngineCore(config, runner, num_blocks, max_model_len)
+    core.structured = structured_outputs(checkpoint)
     memory = memory_bytes(runner)
     log.info(
         "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs; memory: weights %.2f GiB "

@@ -39,7 +39,9 @@ class InputProcessor:
             )
         return None, ids
 
-    def process(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0):
+    def process(
+        self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0, pooling: str | None = None
+    ):
         text, ids = self.tokenize(prompt)
         self.check_length(len(ids), params.max_tokens)
         bad_bias = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
@@ -59,6 +61,7 @@ class InputProcessor:
             eos_token_ids=self.eos_token_ids,
             priority=priority,
             arrival_time=time.monotonic(),
+            pooling=pooling,
         )
         return text, msg
 
@@ -69,7 +72,7 @@ class InputProcessor:
                 f"{self.max_model_len} tokens, so the prompt must be shorter",
                 param="prompt",
             )
-        if num_prompt_tokens + max_tokens > self.max_model_len:
+        if num_prompt_tokens + max(max_tokens, 1) > self.max_model_len:
             raise PromptTooLongError(
                 f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the maximum "
                 f"context length of {self.max_model_len} tokens",

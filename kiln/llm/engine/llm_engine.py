@@ -29,10 +29,12 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer)
         self.last_stats: EngineStats | None = None
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0) -> None:
+    def add_request(
+        self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0, pooling: str | None = None
+    ) -> None:
         if request_id in self.outputs.states:
             raise ValueError(f"request id {request_id!r} is already in use")
-        text, msg = self.inputs.process(request_id, prompt, params, priority)
+        text, msg = self.inputs.process(request_id, prompt, params, priority, pooling)
         self.outputs.add(request_id, text, msg.prompt_token_ids, params)
         self.core.add_request(msg)
 

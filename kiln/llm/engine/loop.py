@@ -20,6 +20,7 @@ from kiln.llm.engine.messages import (
     Shutdown,
     StepResult,
     ToEngine,
+    failed_output,
 )
 
 if TYPE_CHECKING:  # the API process imports this module, and never the model code
@@ -75,8 +76,7 @@ class EngineLoop:
                     self.core.add_request(msg.request)
                 except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
                     log.warning("request %s refused by the engine: %s", msg.request.request_id, e)
-                    refused.append(EngineCoreOutput(msg.request.request_id, [], finish_reason="error",
-                                                    error=f"{type(e).__name__}: {e}"))
+                    refused.append(failed_output(msg.request.request_id, e))
                     continue
                 self.unscheduled[msg.request.request_id] = msg.request.arrival_time or time.monotonic()
             elif isinstance(msg, Abort):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
+from kiln.errors import InvalidRequestError
 from kiln.llm.outputs import TokenLogprob
 from kiln.llm.sampling_params import SamplingParams
 
@@ -25,6 +26,7 @@ class EngineCoreRequest(msgspec.Struct, frozen=True):
     eos_token_ids: tuple[int, ...] = ()
     priority: int = 0
     arrival_time: float = 0.0
+    pooling: str | None = None  # "last" | "mean": an embedding request (prefill only)
 
 
 class EngineCoreOutput(msgspec.Struct):
@@ -37,7 +39,22 @@ class EngineCoreOutput(msgspec.Struct):
     stop_token_id: int | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
-    error: str | None = None  # this request failed in the engine; the engine goes on
+    error: str | None = None  # this request failed in the engine; the engine goes on (see `failed_output`)
+    invalid: bool = False  # ... through its own input (a 400, e.g. a grammar that does not compile), else a 500
+    error_param: str | None = None  # the request field at fault, when `invalid`
+    embedding: list[float] | None = None  # pooled hidden state of an embedding request (not normalised)
+    prompt_logprobs: list[TokenLogprob] | None = None  # for prompt positions not reported before
+
+
+def failed_output(request_id: str, error: Exception | str, num_preemptions: int = 0) -> EngineCoreOutput:
+    """The last output of a request that failed in the engine. An
+    InvalidRequestError is the request's own fault (the client's to fix);
+    anything else is the engine's."""
+    if isinstance(error, InvalidRequestError):
+        return EngineCoreOutput(request_id, [], finish_reason="error", num_preemptions=num_preemptions,
+                                error=error.message, invalid=True, error_param=error.param)
+    message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return EngineCoreOutput(request_id, [], finish_reason="error", num_preemptions=num_preemptions, error=message)
 
 
 class EngineStats(msgspec.Struct):

@@ -29,6 +29,7 @@ class RequestState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob] | None = None  # positions 1.. of the prompt, as they come
 
 
 class OutputProcessor:
@@ -44,6 +45,7 @@ class OutputProcessor:
             params,
             IncrementalDetokenizer(self.tokenizer),
             logprobs=[] if params.logprobs is not None else None,
+            prompt_logprobs=[] if params.prompt_logprobs is not None else None,
         )
 
     def drop(self, request_id: str) -> None:
@@ -61,6 +63,8 @@ class OutputProcessor:
             state.token_ids.extend(new_ids)
             if state.logprobs is not None and out.new_logprobs:
                 state.logprobs.extend(out.new_logprobs)
+            if state.prompt_logprobs is not None and out.prompt_logprobs:
+                state.prompt_logprobs.extend(out.prompt_logprobs)
             state.num_cached_tokens = out.num_cached_tokens
             skip_text = out.stop_token_id is not None and out.stop_token_id in new_ids[-1:]
             state.detok.add(new_ids[:-1] if skip_text else new_ids)
@@ -72,7 +76,9 @@ class OutputProcessor:
                 state.stop_reason = out.stop_token_id
             elif self._check_stop_strings(state):
                 to_abort.append(out.request_id)
-            results.append(self._make_output(state, new_ids, out.new_logprobs))
+            result = self._make_output(state, new_ids, out.new_logprobs)
+            result.embedding = out.embedding
+            results.append(result)
             if state.finish_reason is not None:
                 del self.states[out.request_id]
         return results, to_abort
@@ -121,4 +127,5 @@ class OutputProcessor:
             delta_text=delta,
             delta_token_ids=new_ids,
             delta_logprobs=new_logprobs,
+            prompt_logprobs=None if state.prompt_logprobs is None else [None, *state.prompt_logprobs],
         )

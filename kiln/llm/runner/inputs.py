@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import torch
@@ -42,6 +42,8 @@ class ModelInputs(Generic[Chunk]):
     # Speculative chunks own 1 + drafts consecutive sample rows (their last
     # positions); False means one row per sample chunk.
     has_spec: bool = False
+    # Every chunk with the first row of its tokens (row order), for outputs over whole chunks.
+    chunk_rows: list[tuple[Chunk, int]] = field(default_factory=list)
 
 
 def is_decode_like(c: FedChunk) -> bool:
@@ -62,7 +64,9 @@ def build_inputs(chunks: Sequence[Chunk], block_size: int, device: torch.device)
     sample_rows: list[int] = []
     sample_chunks: list[Chunk] = []
     has_spec = False
+    chunk_rows: list[tuple[Chunk, int]] = []
     for c in decodes + prefills:
+        chunk_rows.append((c, len(ids)))
         end = c.start + c.num_tokens
         ids.extend(c.token_ids())
         positions.extend(range(c.start, end))
@@ -94,7 +98,7 @@ def build_inputs(chunks: Sequence[Chunk], block_size: int, device: torch.device)
         table = None if c.start == 0 else tensor(c.block_ids[: cdiv(ctx_len, block_size)])
         meta.prefills.append(PrefillSeq(row, c.num_tokens, ctx_len, table))
         row += c.num_tokens
-    return ModelInputs(tensor(ids), tensor(positions), meta, tensor(sample_rows), sample_chunks, has_spec)
+    return ModelInputs(tensor(ids), tensor(positions), meta, tensor(sample_rows), sample_chunks, has_spec, chunk_rows)
 
 
 def decode_group(

@@ -8,7 +8,8 @@ import torch
 from kiln.config import EngineConfig
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.request import Request
-from kiln.llm.runner.inputs import build_inputs
+from kiln.llm.runner.inputs import ModelInputs, build_inputs
+from kiln.llm.runner.prompt_outputs import Pooler, prompt_logprobs, wants_prompt_outputs
 from kiln.llm.sampling.sampler import Sampler
 from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
 from kiln.llm.spec_decode.proposer import Proposer
@@ -53,6 +54,12 @@ class ModelRunner:
         self.sampler = Sampler(device, seed)
         self.proposer: Proposer | None = None  # set when speculative decoding is on
         self.cuda_graphs: CudaGraphRunner | None = None  # decode graphs, set by the builder on CUDA
+        self.pooler = Pooler()
+
+    @property
+    def supports_prompt_outputs(self) -> bool:
+        """Embeddings and prompt logprobs (a parallel runner has neither)."""
+        return True
 
     @property
     def worker_pids(self) -> list[int]:
@@ -67,17 +74,51 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         inputs = build_inputs(sched.chunks, self.block_size, self.device)
+        if any(wants_prompt_outputs(c.request) for c in sched.chunks):
+            return self._execute_with_prompt_outputs(inputs)
         logits = self.cuda_graphs.logits(inputs) if self.cuda_graphs is not None else None
         if logits is None:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
             if not inputs.sample_chunks:
                 return RunnerOutput()
             logits = self.model.compute_logits(hidden[inputs.sample_rows])
-        if inputs.has_spec:
-            return self._sample_spec(logits, inputs.sample_chunks)
-        requests = [c.request for c in inputs.sample_chunks]
+        return self._sample(logits, inputs.sample_chunks, inputs.has_spec)
+
+    def _sample(self, logits: torch.Tensor, chunks: list[ScheduledChunk], has_spec: bool) -> RunnerOutput:
+        if has_spec:
+            return self._sample_spec(logits, chunks)
+        requests = [c.request for c in chunks]
         tokens = self.sampler(logits, requests)
         return RunnerOutput({r.request_id: t for r, t in zip(requests, tokens, strict=False)})
+
+    def _execute_with_prompt_outputs(self, inputs: ModelInputs[ScheduledChunk]) -> RunnerOutput:
+        """An eager step where some chunks want every position: prompt logprobs,
+        embeddings (prefill-only chunks never sample)."""
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        out = RunnerOutput()
+        for c, first in inputs.chunk_rows:
+            request = c.request
+            chunk_hidden = hidden[first : first + c.num_tokens]
+            if request.sampling_params.prompt_logprobs is not None and c.start < request.num_prompt_tokens:
+                entries = prompt_logprobs(self.model.compute_logits, chunk_hidden, request, c.start, c.num_tokens)
+                if entries:
+                    out.prompt_logprobs[request.request_id] = entries
+            if request.pooling is not None:
+                vector = self.pooler.add(request, chunk_hidden, c.start, c.sample)
+                if vector is not None:
+                    out.embeddings[request.request_id] = vector
+        rows: list[int] = []
+        chunks: list[ScheduledChunk] = []
+        at = 0
+        for c in inputs.sample_chunks:
+            if not c.request.prefill_only:
+                rows += inputs.sample_rows[at : at + c.num_logit_rows].tolist()
+                chunks.append(c)
+            at += c.num_logit_rows
+        if chunks:
+            sampled = self._sample(self.model.compute_logits(hidden[rows]), chunks, inputs.has_spec)
+            out.sampled, out.spec_sampled = sampled.sampled, sampled.spec_sampled
+        return out
 
     def _sample_spec(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> RunnerOutput:
         """Plain rows go through the sampler as usual; speculative chunks'

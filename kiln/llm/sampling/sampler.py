@@ -1,6 +1,7 @@
 """Turns a step's logits into one token per sampled request.
 
-Order of operations per row: logit bias -> min_tokens masking -> penalties
+Order of operations per row: grammar mask (structured outputs) -> logit
+bias -> min_tokens masking -> penalties
 -> (logprobs are taken here, from the processed distribution at
 temperature 1) -> greedy argmax, or temperature -> top-k/top-p/min-p ->
 draw. Draws use the exponential-race trick (argmax p / E, E ~ Exp(1)) so a
@@ -22,6 +23,7 @@ from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.penalties import apply_penalties, apply_top_k_top_p_min_p
 from kiln.llm.sampling.transfer import to_device
 from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.structured.masks import StepMasks
 
 
 class Sampler:
@@ -30,6 +32,8 @@ class Sampler:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self._request_generators: dict[str, torch.Generator] = {}
+        # The grammar masks of the step being run (structured outputs), set by the engine core.
+        self.constraints: StepMasks | None = None
 
     def forget(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
@@ -51,10 +55,12 @@ class Sampler:
 
     # ---- logit processing -------------------------------------------------
     def process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Logit bias, min_tokens masking and penalties (on a float32 copy
-        when `logits` is not float32; callers that need the input kept pass
-        a clone)."""
+        """Grammar masks, logit bias, min_tokens masking and penalties (on a
+        float32 copy when `logits` is not float32; callers that need the
+        input kept pass a clone)."""
         logits = logits.float()
+        if self.constraints is not None and any(r.sampling_params.structured is not None for r in requests):
+            self.constraints.apply(logits, requests)
         vocab = logits.shape[1]
         bias = [(row, t, b) for row, r in enumerate(requests)
                 for t, b in r.sampling_params.logit_bias.items() if 0 <= t < vocab]
@@ -165,4 +171,7 @@ def _banned_for_now(req: Request, vocab: int) -> list[int]:
 
 
 def needs_processing(p: SamplingParams, req: Request) -> bool:
-    return bool(p.logit_bias) or p.needs_penalties or p.logprobs is not None or req.num_output_tokens < p.min_tokens
+    return (
+        p.needs_processing_always or p.needs_penalties or p.logprobs is not None
+        or req.num_output_tokens < p.min_tokens
+    )

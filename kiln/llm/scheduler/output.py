@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.llm.outputs import TokenLogprob
 from kiln.llm.request import Request
 from kiln.llm.sampling.output import SampledToken
 
@@ -59,3 +60,7 @@ class RunnerOutput:
 
     sampled: dict[str, SampledToken] = field(default_factory=dict)
     spec_sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
+    # Embedding requests whose prompt finished this step: their pooled hidden state.
+    embeddings: dict[str, list[float]] = field(default_factory=dict)
+    # Logprobs of prompt positions computed this step, for requests that asked.
+    prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)

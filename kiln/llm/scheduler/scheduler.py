@@ -1,11 +1,20 @@
 """Iteration-level (continuous) batching under a token budget.
 
 Each step: running requests first (decodes, then unfinished prompt chunks),
-then waiting requests in arrival order, while the token budget, the
-sequence limit and the KV pool allow. Prefill and decode are the same thing
-here: a request asks for `num_tokens - num_computed_tokens` more tokens.
-When the pool runs dry the most recently admitted running request is
-preempted (its blocks freed, its tokens to be recomputed later).
+then waiting requests in the policy's order (queue.py: fcfs, or priority
+with aging), while the token budget, the sequence limit and the KV pool
+allow. Prefill and decode are the same thing here: a request asks for
+`num_tokens - num_computed_tokens` more tokens. When the pool runs dry a
+running request is preempted (its blocks freed, its tokens to be recomputed
+later): under fcfs the most recently admitted; under priority the lowest
+priority (the largest key; the most recently admitted among equals), and a
+waiting request may also preempt running ones of strictly lower priority to
+get in.
+
+Prefill-only requests (embeddings, scoring a prompt with max_tokens 0) run
+their prompt like any other and finish when the prompt is done: they never
+sample and never hold a block for a decode. They, and requests asking for
+prompt logprobs, skip the prefix-cache lookup (every position is computed).
 
 Speculative decoding: a decoding request may carry draft tokens
 (`Request.spec_token_ids`); it is then scheduled for 1 + drafts tokens
@@ -15,14 +24,14 @@ allocated for rejected drafts are freed (`KVCacheManager.rollback`).
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from kiln.config import SchedulerConfig
-from kiln.llm.kv_cache.manager import KVCacheManager
+from kiln.llm.kv_cache.manager import KVCacheManager, PrefixHit
 from kiln.llm.request import Request, RequestStatus
 from kiln.llm.sampling.output import SampledToken
 from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
+from kiln.llm.scheduler.queue import make_waiting_queue, priority_key
 from kiln.llm.scheduler.stopping import check_stop
 
 
@@ -60,7 +69,7 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.max_model_len = max_model_len
-        self.waiting: deque[Request] = deque()
+        self.waiting = make_waiting_queue(config.scheduling_policy, config.priority_aging_s)
         self.running: list[Request] = []  # in admission order
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
@@ -70,7 +79,7 @@ class Scheduler:
     # ---- request lifecycle ------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.push(request)
 
     def abort(self, request_id: str) -> Request | None:
         request = self.requests.get(request_id)
@@ -110,7 +119,7 @@ class Scheduler:
                 scheduled[request.request_id] = self._chunk(request, num_new, drafts)
             budget += self._reclaimed_budget
         if not out.preempted_ids:
-            budget = self._admit_waiting(budget, scheduled)
+            budget = self._admit_waiting(budget, scheduled, out)
         # Runner order: admission order, so a chunk never depends on a later one.
         out.chunks = [scheduled[r.request_id] for r in self.running if r.request_id in scheduled]
         self._last_scheduled_tokens = out.num_tokens
@@ -133,28 +142,61 @@ class Scheduler:
         `request` itself had to go."""
         self._reclaimed_budget = 0
         while not self.kv.can_allocate(request, num_new):
-            victim = self.running[-1]
-            self._preempt(victim)
-            out.preempted_ids.append(victim.request_id)
-            chunk = scheduled.pop(victim.request_id, None)
-            if chunk is not None:
-                self._reclaimed_budget += chunk.num_tokens
+            victim = self._victim()
+            self._reclaimed_budget += self._preempt_scheduled(victim, scheduled, out)
             if victim is request:
                 return False
         self.kv.allocate(request, num_new)
         return True
 
-    def _admit_waiting(self, budget: int, scheduled: dict) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            hit = self.kv.find_prefix(request)
+    def _victim(self) -> Request:
+        """The running request to preempt first."""
+        if self.config.scheduling_policy != "priority":
+            return self.running[-1]
+        order = {id(r): i for i, r in enumerate(self.running)}
+        return max(self.running, key=lambda r: (self._key(r), order[id(r)]))
+
+    def _key(self, request: Request) -> tuple[float, float, int]:
+        return priority_key(request, self.config.priority_aging_s)
+
+    def _preempt_scheduled(self, victim: Request, scheduled: dict, out: SchedulerOutput) -> int:
+        """Preempt `victim`; returns the budget its chunk of this step held."""
+        self._preempt(victim)
+        out.preempted_ids.append(victim.request_id)
+        chunk = scheduled.pop(victim.request_id, None)
+        return chunk.num_tokens if chunk is not None else 0
+
+    def _displace_for(self, request: Request, scheduled: dict, out: SchedulerOutput) -> int | None:
+        """Priority policy: preempt the worst running request if it ranks
+        strictly below `request`; the budget it freed, or None if none does."""
+        if self.config.scheduling_policy != "priority" or not self.running:
+            return None
+        victim = self._victim()
+        if self._key(victim) <= self._key(request):
+            return None
+        return self._preempt_scheduled(victim, scheduled, out)
+
+    def _admit_waiting(self, budget: int, scheduled: dict, out: SchedulerOutput) -> int:
+        while self.waiting and budget > 0:
+            request = self.waiting.peek()
+            if len(self.running) >= self.config.max_num_seqs:
+                freed = self._displace_for(request, scheduled, out)
+                if freed is None:
+                    break
+                budget += freed
+                continue
+            hit = PrefixHit([], 0) if request.needs_every_position else self.kv.find_prefix(request)
             remaining = request.num_tokens - hit.num_tokens
             num_new = min(remaining, budget)
             if num_new < remaining and not self.config.enable_chunked_prefill:
                 break
             if not self.kv.can_allocate(request, num_new, hit):
-                break
-            self.waiting.popleft()
+                freed = self._displace_for(request, scheduled, out)
+                if freed is None:
+                    break
+                budget += freed
+                continue
+            self.waiting.pop()
             if request.num_cached_tokens < 0:
                 self.kv.record_lookup(request, hit)
                 request.num_cached_tokens = hit.num_tokens
@@ -180,7 +222,7 @@ class Scheduler:
         request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.waiting.push_preempted(request)
 
     # ---- after the model ran ----------------------------------------------
     def update(self, sched: SchedulerOutput, result: RunnerOutput) -> list[Request]:
@@ -197,6 +239,11 @@ class Scheduler:
                 touched.append(request)
                 continue
             request.num_computed_tokens += chunk.num_tokens
+            if request.prefill_only:
+                if chunk.sample:  # the prompt is done: nothing to sample
+                    self._finish(request, RequestStatus.FINISHED_STOPPED)
+                    touched.append(request)
+                continue
             sampled = result.sampled.get(request.request_id)
             if sampled is None:
                 continue
@@ -224,6 +271,11 @@ class Scheduler:
                 self._finish(request, reason)
                 return
         self.kv.rollback(request)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """End a request the engine core decided is done (its grammar is complete)."""
+        if not request.is_finished:
+            self._finish(request, status)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request in self.running:

@@ -1,7 +1,7 @@
 """DynamicBatcher: one queue per model version, one worker per instance.
 
-A worker takes the oldest request, then keeps taking requests that can join
-it (same shapes, or same ranks when padding) until the batch has
+A worker takes the first request in queue order, then keeps taking requests
+that can join it (same shapes, or same ranks when padding) until the batch has
 max_batch_size rows, hits a preferred size, or the oldest request has waited
 max_queue_delay_ms. The batch runs on the instance's own thread.
 
@@ -11,19 +11,27 @@ Invariants:
 - a request is in `_queue` iff it was submitted and not yet taken/expired;
 - the queue never holds more than max_queue_size requests (when > 0).
 Models without dynamic batching use the same path with batches of one.
+
+Queue order: by the KServe request parameter `priority` (an integer, lower
+first, default 0), aged like the LLM scheduler's priority policy: the sort
+key is priority * priority_aging_s + arrival time, so equal priorities stay
+first-come-first-served and a request waits only for requests that arrived
+before arrival + (its priority - the lowest) * priority_aging_s
+(kiln/llm/scheduler/queue.py states the bound).
 """
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.errors import KilnError, ModelUnavailableError, OverloadedError, RequestTimeoutError
+from kiln.errors import InvalidRequestError, KilnError, ModelUnavailableError, OverloadedError, RequestTimeoutError
 from kiln.serving.batching.concat import same_layout, same_shapes
 from kiln.serving.metrics import ServingMetrics
 from kiln.serving.model import Model
@@ -40,6 +48,18 @@ class _Item:
     enqueued_ns: int = field(default_factory=time.perf_counter_ns)
     timer: asyncio.TimerHandle | None = None
     taken: bool = False
+    key: tuple[float, int] = (0.0, 0)  # queue order (see the module docstring)
+
+
+_arrivals = itertools.count()
+
+
+def request_priority(request: InferRequest) -> int:
+    """The KServe `priority` parameter (lower runs first), 0 when absent."""
+    value = request.parameters.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"parameter 'priority' must be an integer, got {value!r}", param="priority")
+    return value
 
 
 class DynamicBatcher:
@@ -59,7 +79,8 @@ class DynamicBatcher:
         policy = batching or config.queue
         self.max_queue = policy.max_queue_size
         self.default_timeout_s = policy.default_timeout_ms / 1000
-        self._queue: deque[_Item] = deque()
+        self.aging_s = policy.priority_aging_s
+        self._queue: list[_Item] = []  # sorted by _Item.key
         self._cond = asyncio.Condition()  # binds to the running loop on first use (Python >= 3.10)
         self._started = False
         self._workers: list[asyncio.Task] = []
@@ -84,12 +105,14 @@ class DynamicBatcher:
         self._start()
         if self.max_queue and len(self._queue) >= self.max_queue:
             raise OverloadedError(f"Exceeds maximum queue size ({self.max_queue}) of model '{self.config.name}'")
+        priority = request_priority(request)
         loop = asyncio.get_running_loop()
         item = _Item(request, request.batch_size() if self.config.max_batch_size else 1, loop.create_future())
+        item.key = (priority * self.aging_s + item.enqueued_ns / 1e9 if self.aging_s else priority, next(_arrivals))
         timeout = self._timeout_s(request)
         if timeout > 0:
             item.timer = loop.call_later(timeout, self._expire, item)
-        self._queue.append(item)
+        bisect.insort(self._queue, item, key=lambda i: i.key)
         async with self._cond:
             self._cond.notify()
         try:
@@ -216,7 +239,7 @@ class DynamicBatcher:
         """Stop the workers; anything still queued fails as unavailable."""
         self._closed = True
         while self._queue:
-            item = self._queue.popleft()
+            item = self._queue.pop(0)
             item.taken = True
             if not item.future.done():
                 item.future.set_exception(ModelUnavailableError(f"model '{self.config.name}' was unloaded"))

@@ -69,6 +69,7 @@ class DynamicBatching(_Frozen):
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = Field(default=0, ge=0)  # 0 = unbounded
     default_timeout_ms: float = Field(default=0.0, ge=0)  # 0 = none
+    priority_aging_s: float = Field(default=10.0, ge=0)  # queue order by `priority`: see batcher.py
     variable_shapes: Literal["split", "pad"] = "split"
     pad_value: float = 0.0
     trim_outputs: tuple[str, ...] = ()
@@ -86,6 +87,7 @@ class QueuePolicy(_Frozen):
 
     max_queue_size: int = Field(default=0, ge=0)
     default_timeout_ms: float = Field(default=0.0, ge=0)
+    priority_aging_s: float = Field(default=10.0, ge=0)  # queue order by `priority`: see batcher.py
 
 
 class VersionPolicy(_Frozen):

@@ -31,7 +31,7 @@ def either(valid: st.SearchStrategy) -> st.SearchStrategy:
 def body(required: dict[str, st.SearchStrategy], optional: dict[str, st.SearchStrategy]) -> st.SearchStrategy:
     fields = st.fixed_dictionaries({k: either(v) for k, v in required.items()},
                                    optional={k: either(v) for k, v in optional.items()})
-    unknown = st.dictionaries(st.sampled_from(["best_of", "tools", "echo", "suffix", "\ud800"]), ANY_JSON,
+    unknown = st.dictionaries(st.sampled_from(["suffix", "functions", "audio", "\ud800"]), ANY_JSON,
                               max_size=1)
     return st.one_of(fields, fields, fields, st.builds(lambda a, b: {**a, **b}, fields, unknown))
 
@@ -59,6 +59,36 @@ SAMPLING = {
     "include_stop_str_in_output": st.booleans(),
     "priority": st.integers(-5, 5) | EDGE_INTS,
     "speculate": st.booleans(),
+    "prompt_logprobs": st.integers(0, 5) | EDGE_INTS,
+}
+# Structured outputs: small schemas, regexes and grammars, valid or not (any of them may be set).
+SCHEMA = st.one_of(
+    st.sampled_from([{"type": "object"}, {"type": "string", "maxLength": 3}, {"type": "integer"},
+                     {"enum": ["a", "b"]}, {"type": "nonsense"}, {"type": "array", "items": {"type": "boolean"}}]),
+    st.dictionaries(st.sampled_from(["type", "properties", "required", "items", "enum"]), ANY_JSON, max_size=3),
+)
+STRUCTURED = {
+    "response_format": st.one_of(
+        st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "xml"])}),
+        st.fixed_dictionaries({"type": st.just("json_schema"),
+                               "json_schema": st.fixed_dictionaries({"name": TEXT, "schema": SCHEMA})}),
+    ),
+    "guided_json": SCHEMA | TEXT,
+    "guided_regex": st.sampled_from(["a+", "[0-9]{1,3}", "(unclosed", "x*?", ""]) | TEXT,
+    "guided_choice": st.lists(TEXT, max_size=3),
+    "guided_grammar": st.sampled_from(['root ::= "yes" | "no"', "root ::=", 'start: "a"']) | TEXT,
+    "structured_outputs": st.dictionaries(st.sampled_from(["json", "regex", "choice", "grammar", "json_object"]),
+                                          ANY_JSON, max_size=2),
+}
+TOOL = st.fixed_dictionaries({"type": st.sampled_from(["function", "other"]), "function": st.fixed_dictionaries(
+    {"name": st.sampled_from(["weather", "get.time", "bad name!"]) | TEXT},
+    optional={"description": TEXT, "parameters": SCHEMA})})
+TOOLS = {
+    "tools": st.lists(TOOL, max_size=3),
+    "tool_choice": st.sampled_from(["none", "auto", "required", "bogus"])
+    | st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.sampled_from(["weather", "nope"])})}),
+    "parallel_tool_calls": st.booleans(),
 }
 PROMPT = st.one_of(
     TEXT,
@@ -66,19 +96,25 @@ PROMPT = st.one_of(
     st.lists(TOKEN_ID, min_size=1, max_size=12),
     st.lists(st.lists(TOKEN_ID, min_size=1, max_size=6), min_size=1, max_size=3),
 )
-COMPLETION = body({"prompt": PROMPT}, {**SAMPLING, "max_tokens": st.integers(1, 8),
-                                      "logprobs": st.integers(0, 5) | EDGE_INTS})
+COMPLETION = body({"prompt": PROMPT}, {**SAMPLING, **STRUCTURED, "max_tokens": st.integers(0, 8),
+                                      "logprobs": st.integers(0, 5) | EDGE_INTS, "echo": st.booleans(),
+                                      "best_of": st.integers(1, 4) | EDGE_INTS})
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool", "robot"])},
     optional={"content": TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=3),
               "name": TEXT},
 )
 CHAT = body({"messages": st.lists(MESSAGE, min_size=1, max_size=3)},
-            {**SAMPLING, "max_tokens": st.integers(1, 8), "max_completion_tokens": st.integers(1, 8),
+            {**SAMPLING, **STRUCTURED, **TOOLS, "max_tokens": st.integers(1, 8),
+             "max_completion_tokens": st.integers(1, 8),
              "logprobs": st.booleans(), "top_logprobs": st.integers(0, 5), "add_generation_prompt": st.booleans()})
 TOKENIZE = body({}, {"model": SAMPLING["model"], "prompt": TEXT,
                      "messages": st.lists(MESSAGE, min_size=1, max_size=2),
                      "add_special_tokens": st.booleans(), "add_generation_prompt": st.booleans()})
+EMBEDDING = body({"input": PROMPT}, {
+    "model": SAMPLING["model"], "encoding_format": st.sampled_from(["float", "base64", "hex"]),
+    "dimensions": st.integers(1, 80) | EDGE_INTS, "user": TEXT, "normalize": st.booleans(),
+    "pooling": st.sampled_from(["last", "mean", "cls"]), "priority": SAMPLING["priority"]})
 DETOKENIZE = body({"tokens": st.lists(TOKEN_ID, max_size=8)}, {"model": SAMPLING["model"]})
 
 # ---- KServe v2 -------------------------------------------------------------------

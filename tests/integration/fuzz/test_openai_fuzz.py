@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 
 from tests.integration.fuzz.checks import FUZZ, encode, post_expecting_an_answer, still_serving
-from tests.integration.fuzz.strategies import CHAT, COMPLETION, DETOKENIZE, TOKENIZE
+from tests.integration.fuzz.strategies import CHAT, COMPLETION, DETOKENIZE, EMBEDDING, TOKENIZE
 
 
 @FUZZ
@@ -21,6 +21,13 @@ def test_completions(fuzz_server, body):
 @given(body=CHAT)
 def test_chat_completions(fuzz_server, body):
     post_expecting_an_answer(fuzz_server, "/v1/chat/completions", encode(body))
+    still_serving(fuzz_server)
+
+
+@FUZZ
+@given(body=EMBEDDING)
+def test_embeddings(fuzz_server, body):
+    post_expecting_an_answer(fuzz_server, "/v1/embeddings", encode(body))
     still_serving(fuzz_server)
 
 

@@ -28,7 +28,15 @@ def server(tiny_llama_dir, tmp_path_factory):
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+EMBED = "/v1/embeddings"
 USER = [{"role": "user", "content": "hi"}]
+BAD = {"type": "object", "properties": {"a": {"type": "nonsense"}}}
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+def NAMED(name: str) -> dict:  # noqa: N802 (reads as a constant in the table)
+    return {"type": "function", "function": {"name": name}}
+
 
 CASES = [
     # (path, json body or raw bytes, status, words the message must contain, param)
@@ -41,8 +49,7 @@ CASES = [
     (COMPLETIONS, {"prompt": "x", "stream": 1}, 400, ["stream"], "stream"),
     (CHAT, {"messages": "hello"}, 400, ["messages"], "messages"),
     (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, ["role"], "messages.0.role"),
-    (COMPLETIONS, {"prompt": "x", "best_of": 2}, 400, ["unknown field", "best_of"], "best_of"),
-    (CHAT, {"messages": USER, "tools": []}, 400, ["unknown field", "tools"], "tools"),
+    (COMPLETIONS, {"prompt": "x", "tools": []}, 400, ["unknown field", "tools"], "tools"),
     (CHAT, {"model": "tiny"}, 400, ["missing", "messages"], "messages"),
     (COMPLETIONS, {"prompt": ""}, 400, ["prompt", "empty"], "prompt"),
     (COMPLETIONS, {"prompt": []}, 400, ["prompt", "empty"], "prompt"),
@@ -58,10 +65,39 @@ CASES = [
     (CHAT, {"messages": USER, "top_logprobs": 2}, 400, ["logprobs"], "top_logprobs"),
     (COMPLETIONS, {"prompt": [10**9]}, 400, ["token ids"], "prompt"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"x": 1}}, 400, ["logit_bias"], "logit_bias"),
-    (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, ["stop"], "stop"),
+    (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, ["stop"], "stop.0"),  # the list item at fault
     (COMPLETIONS, {"prompt": "x" * 30000}, 400, ["20000", "max_request_bytes"], "max_request_bytes"),
     (COMPLETIONS, {"prompt": "x", "model": "gpt-4"}, 404, ["gpt-4", "tiny"], "model"),
-    ("/v1/embeddings", {"input": "x"}, 404, ["/v1/embeddings"], None),
+    # structured outputs
+    (CHAT, {"messages": USER, "response_format": {"type": "xml"}}, 400, ["response_format"], "response_format.type"),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_schema"}}, 400, ["json_schema"],
+     "response_format.json_schema"),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BAD}}},
+     400, ["schema", "nonsense"], "response_format"),
+    (COMPLETIONS, {"prompt": "x", "guided_json": {"type": "object"}, "guided_regex": "a+"}, 400, ["at most one"],
+     "guided_regex"),
+    (COMPLETIONS, {"prompt": "x", "guided_regex": "(unclosed"}, 400, ["guided_regex", "parenthesis"],
+     "guided_regex"),
+    (COMPLETIONS, {"prompt": "x", "guided_choice": []}, 400, ["choice"], "structured_outputs.choice"),
+    # tools
+    (CHAT, {"messages": USER, "tools": [WEATHER], "tool_choice": NAMED("stocks")}, 400, ["stocks"], "tool_choice"),
+    (CHAT, {"messages": USER, "tool_choice": "auto"}, 400, ["tool_choice", "tools"], "tool_choice"),
+    (CHAT, {"messages": USER, "tools": [WEATHER, WEATHER]}, 400, ["distinct"], "tools"),
+    (CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, 400, ["name"],
+     "tools.0.function.name"),
+    (CHAT, {"messages": USER, "tools": [WEATHER], "tool_choice": "required",
+            "response_format": {"type": "json_object"}}, 400, ["response_format"], "response_format"),
+    # media parts, echo, best_of
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     ["image", "tiny"], "messages.0.content.0"),
+    (COMPLETIONS, {"prompt": "x", "best_of": 1, "n": 2}, 400, ["best_of"], "best_of"),
+    (COMPLETIONS, {"prompt": "x", "best_of": 2, "stream": True}, 400, ["best_of", "stream"], "best_of"),
+    (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 99}, 400, ["prompt_logprobs"], "prompt_logprobs"),
+    # embeddings
+    (EMBED, {"input": 5}, 400, ["input"], "input"),
+    (EMBED, {"input": "x", "encoding_format": "hex"}, 400, ["encoding_format"], "encoding_format"),
+    (EMBED, {"input": "x", "dimensions": 100000}, 400, ["dimensions"], "dimensions"),
+    (EMBED, {"input": []}, 400, ["input"], "input"),
 ]
 
 

@@ -1,6 +1,7 @@
 """`kiln serve --model-repository`: one server, OpenAI + KServe v2 (HTTP and
 gRPC) routes; the repository's `llm` model runs on one engine for both, and
 loading a new version swaps the engine both serve."""
+import re
 import shutil
 import threading
 import time
@@ -63,6 +64,17 @@ def test_llm_model_on_openai_and_kserve_gives_the_same_text(server):
     r = server.post("/v2/models/tiny/infer", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == [completion.choices[0].text]
+
+
+def test_llm_model_structured_output_parameters(server):
+    prompt = {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["Code:"]}
+    limit = {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [12]}
+    body = {"inputs": [prompt, limit], "parameters": {"guided_regex": "[a-c]{3}-[0-9]"}}
+    r = server.post("/v2/models/tiny/infer", json=body)
+    assert r.status_code == 200, r.text
+    assert re.fullmatch("[a-c]{3}-[0-9]", r.json()["outputs"][0]["data"][0])
+    bad = server.post("/v2/models/tiny/infer", json={**body, "parameters": {"guided_json": '{"type": "nonsense"}'}})
+    assert bad.status_code == 400 and "guided_json" in bad.json()["error"]
 
 
 def test_python_model_over_grpc_and_health(server):

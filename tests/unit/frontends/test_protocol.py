@@ -61,8 +61,16 @@ def test_chat_message_content_parts_and_roles():
         },
     )
     assert [m.text() for m in req.messages] == ["Be brief.", "Hello"]
-    e = parse_error(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    e = parse_error(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "picture"}]}]})
     assert e.param.startswith("messages.0.content")
+    # An image part parses, so that it can be refused naming the model (serving_chat.check_messages).
+    from kiln.frontends.openai.serving_chat import check_messages
+
+    image = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]})
+    with pytest.raises(InvalidRequestError, match="model 'tiny' does not support image_url") as refused:
+        check_messages(image.messages, "tiny")
+    assert refused.value.param == "messages.0.content.1"
 
 
 def test_error_response_shape_and_retry_after():

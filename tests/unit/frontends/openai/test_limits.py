@@ -9,9 +9,17 @@ import pytest
 from kiln.errors import InvalidRequestError
 from kiln.frontends.limits import MAX_JSON_DEPTH, parse_json
 from kiln.frontends.openai.common import parse
-from kiln.frontends.openai.limits import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from kiln.frontends.openai.limits import (
+    MAX_CHOICES,
+    MAX_GRAMMAR_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
+)
 from kiln.frontends.openai.params import check_work, sampling_params
 from kiln.frontends.openai.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from kiln.frontends.openai.serving_embeddings import EmbeddingRequest
 
 U64_PAST = 18446744073709551616  # 2**64: no 64-bit integer holds it
 USER = [{"role": "user", "content": "hi"}]
@@ -125,3 +133,44 @@ def test_prompts_times_n_is_capped():
     with pytest.raises(InvalidRequestError) as e:
         check_work(1, 300, 256)
     assert e.value.param == "n"
+
+
+BIG_SCHEMA = {"type": "object", "description": "x" * MAX_GRAMMAR_CHARS}
+TOOL = {"type": "function", "function": {"name": "f"}}
+
+
+@pytest.mark.parametrize(
+    "model,extra,param",
+    [
+        (CompletionRequest, {"guided_regex": "a" * (MAX_GRAMMAR_CHARS + 1)}, "guided_regex"),
+        (CompletionRequest, {"guided_choice": ["a"] * (MAX_CHOICES + 1)}, "guided_choice"),
+        (CompletionRequest, {"guided_json": BIG_SCHEMA}, "guided_json"),
+        (CompletionRequest, {"structured_outputs": {"grammar": "g" * (MAX_GRAMMAR_CHARS + 1)}},
+         "structured_outputs.grammar"),
+        (ChatCompletionRequest, {"response_format": {"type": "json_schema", "json_schema": {"schema": BIG_SCHEMA}}},
+         "response_format.json_schema.schema"),
+        (ChatCompletionRequest, {"tools": [TOOL] * (MAX_TOOLS + 1)}, "tools"),
+        (ChatCompletionRequest, {"tools": [{**TOOL, "function": {"name": "f", "parameters": BIG_SCHEMA}}]},
+         "tools.0.function.parameters"),
+        (CompletionRequest, {"best_of": 2**31}, "best_of"),
+        (CompletionRequest, {"prompt_logprobs": U64_PAST}, "prompt_logprobs"),
+        (EmbeddingRequest, {"dimensions": 2**31}, "dimensions"),
+        (EmbeddingRequest, {"input": ["p"] * 5000}, "input"),
+        (EmbeddingRequest, {"priority": 2**31}, "priority"),
+    ],
+)
+def test_structured_tool_and_embedding_fields_are_capped(model, extra, param):
+    base = {CompletionRequest: {"prompt": "x"}, ChatCompletionRequest: {"messages": USER},
+            EmbeddingRequest: {"input": "x"}}[model]
+    e = refused(model, {**base, **extra})
+    assert e.param == param and e.http_status == 400, (e.param, e.message)
+
+
+def test_an_assistant_message_carries_a_bounded_number_of_tool_calls():
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [*USER, {"role": "assistant", "tool_calls": [call] * (MAX_TOOL_CALLS + 1)}]
+    assert refused(ChatCompletionRequest, {"messages": messages}).param == "messages.1.tool_calls"
+
+
+def test_max_tokens_zero_scores_the_prompt():
+    assert parse(CompletionRequest, {"prompt": "x", "max_tokens": 0, "echo": True}).max_tokens == 0

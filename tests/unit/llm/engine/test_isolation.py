@@ -12,9 +12,11 @@ from kiln.llm.engine.core import EngineCore
 from kiln.llm.engine.loop import EngineLoop
 from kiln.llm.engine.messages import AddRequest, EngineCoreOutput, EngineCoreRequest, StepResult
 from kiln.llm.request import Request
+from kiln.llm.runner.prompt_outputs import Pooler
 from kiln.llm.sampling.sampler import Sampler
 from kiln.llm.sampling_params import SamplingParams
 from kiln.llm.scheduler.output import RunnerOutput, SchedulerOutput
+from kiln.llm.structured.spec import GrammarSpec
 from tests.unit.llm.engine.fakes import ScriptedRunner, as_runner
 
 VOCAB, NUM_BLOCKS, BLOCK_SIZE = 32, 16, 4
@@ -138,3 +140,51 @@ def test_top_k_past_the_device_integer_keeps_the_whole_vocabulary():
         draws.append([fresh(logits, [Request("r", [1], params)])[0].token_id for _ in range(5)])
     assert draws[0] == draws[1]
     assert len(sampler(logits, [Request("s", [1], huge)])) == 1
+
+
+class PoolingRunner(SamplingRunner):
+    """Pools embedding requests with the real Pooler (hidden row = its position,
+    so a mean-pooled prompt of n tokens is (n - 1) / 2) before a poisoned
+    request makes the step raise: a failed step leaves a partial sum behind."""
+
+    supports_prompt_outputs = True
+
+    def __init__(self, poison: frozenset[str] = frozenset()):
+        super().__init__(poison)
+        self.pooler = Pooler()
+
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        embeddings = {}
+        for c in sched.chunks:
+            if c.request.pooling is not None:
+                hidden = torch.arange(c.start, c.start + c.num_tokens, dtype=torch.float32).unsqueeze(1)
+                vector = self.pooler.add(c.request, hidden, c.start, c.sample)
+                if vector is not None:
+                    embeddings[c.request.request_id] = vector
+        out = super().execute(SchedulerOutput([c for c in sched.chunks if c.request.pooling is None]))
+        out.embeddings = embeddings
+        return out
+
+
+def test_a_chunk_re_run_after_a_failed_step_is_pooled_once():
+    runner = PoolingRunner(poison=frozenset({"p"}))
+    config = EngineConfig.from_flat(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_batched_tokens=8)
+    core = EngineCore(config, as_runner(runner), NUM_BLOCKS, max_model_len=64)
+    core.add_request(EngineCoreRequest("e", list(range(1, 13)), SamplingParams(max_tokens=1), pooling="mean"))
+    assert core.step().outputs == []  # e's first 8 prompt tokens
+    core.add_request(request("p"))
+    outputs = {o.request_id: o for o in core.step().outputs}  # e's last 4 tokens and p's first 4: raises
+    assert outputs["p"].finish_reason == "error" and not outputs["p"].invalid
+    assert outputs["e"].embedding == [5.5]  # mean of positions 0..11, its second chunk counted once
+
+
+def test_a_feature_the_engine_lacks_fails_the_request_as_its_own_input():
+    core = make_core(SamplingRunner())  # no prompt outputs (as under TP/PP), no grammar backend
+    sent: list[StepResult] = []
+    loop = EngineLoop(core, lambda timeout: [], sent.append, lambda: True)
+    loop.handle([AddRequest(request("lp", prompt_logprobs=1)),
+                 AddRequest(request("g", structured=GrammarSpec("regex", "a+")))])
+    refused = {o.request_id: o for o in sent[0].outputs.outputs}
+    assert (refused["lp"].invalid, refused["lp"].error_param) == (True, "prompt_logprobs")
+    assert (refused["g"].invalid, refused["g"].error_param) == (True, "response_format")
+    assert all(o.finish_reason == "error" for o in refused.values()) and not core.has_unfinished()
