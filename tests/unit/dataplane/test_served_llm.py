@@ -5,6 +5,7 @@ admission (work, not requests, against running capacity + queue)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -91,6 +92,8 @@ class DyingEngine(FakeEngine):
         super().__init__(in_flight=0)
         self._dead = asyncio.Event()
         self.max_model_len = 64
+        # the part of the engine's Ready message ServedLLM logs at load
+        self.info = SimpleNamespace(max_model_len=64, dtype="float32", worker_pids=[])
 
     def die(self, message: str = "killed") -> None:
         self.is_dead, self.dead_message = True, message
