@@ -23,6 +23,7 @@ from kiln.errors import InvalidRequestError
 from kiln.frontends.openai.limits import Choices, GrammarText, Schema
 from kiln.frontends.openai.strict import Strict
 from kiln.llm.structured.spec import GrammarSpec, grammar_syntax
+from kiln.llm.structured.validate import check_spec
 
 
 class JsonSchemaFormat(Strict):
@@ -118,8 +119,6 @@ def grammar_spec(req: StructuredFields) -> tuple[str, GrammarSpec] | None:
         raise InvalidRequestError(f"set at most one structured-output constraint, got {names}", param=specs[1][0])
     if not specs:
         return None
-    from kiln.llm.structured.validate import check_spec
-
     name, spec = specs[0]
     check_spec(spec, name)
     return name, spec

@@ -32,6 +32,7 @@ def uses_triton(device: torch.device) -> bool:
 def select_backend(device: torch.device, options: AttentionOptions | None = None) -> AttentionBackend:
     options = options or AttentionOptions()
     if uses_triton(device) and options.is_default:
+        # Imported here: Triton is an optional dependency, needed only on CUDA.
         from kiln.llm.attention.triton_backend import TritonPagedAttention
 
         return TritonPagedAttention()

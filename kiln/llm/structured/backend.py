@@ -64,6 +64,8 @@ class GrammarBackend:
 
     def compiler(self) -> xgrammar.GrammarCompiler:
         if self._compiler is None:
+            # Imported on the first constrained request: xgrammar and the tokenizer's
+            # vocabulary cost seconds that an engine serving none should not pay.
             import xgrammar
 
             from kiln.llm.tokenizer import load_tokenizer

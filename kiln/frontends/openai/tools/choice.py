@@ -19,6 +19,7 @@ from kiln.errors import InvalidRequestError
 from kiln.frontends.openai.tools.parsers import KilnJsonStream, NamedStream, ToolStream, make_stream
 from kiln.frontends.openai.tools.protocol import NamedToolChoice, Tool, ToolFields
 from kiln.llm.structured.spec import GrammarSpec
+from kiln.llm.structured.validate import check_json_schema
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -40,8 +41,6 @@ def plan_tools(req: ToolFields, parser: str) -> ToolPlan:
         raise InvalidRequestError("tools must have distinct function names", param="tools")
     for i, given in enumerate(tools):
         if given.function.parameters is not None:
-            from kiln.llm.structured.validate import check_json_schema
-
             check_json_schema(given.function.parameters, f"tools[{i}].function.parameters")
     choice = req.tool_choice or ("auto" if tools else "none")
     if choice == "none":
