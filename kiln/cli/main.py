@@ -102,6 +102,9 @@ def run_serve(
     options.setdefault("api_key", os.environ.get("KILN_API_KEY") or None)
     config = ServerConfig(**options)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ray_options = given(args, ray_names)
+    if ray_options and not args.ray:  # a flag mistake, said before anything is read
+        raise KilnError(f"{', '.join('--' + n.replace('_', '-') for n in sorted(ray_options))} need --ray")
     engine_options = given(args, engine_names)
     llm = None
     if args.model is not None or config.model_repository is None:
@@ -114,13 +117,10 @@ def run_serve(
             f"engine flags ({', '.join(sorted(engine_options))}) apply to a command-line model; "
             "repository models take them from their config.yaml parameters"
         )
-    ray_options = given(args, ray_names)
     if args.ray:
         from kiln.deploy.ray_serve import run as run_on_ray
 
         return run_on_ray(config, llm, RayServeConfig(**ray_options))
-    if ray_options:
-        raise KilnError(f"{', '.join('--' + n.replace('_', '-') for n in sorted(ray_options))} need --ray")
     return serve(build_dataplane(config, llm))
 
 

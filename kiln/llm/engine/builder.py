@@ -15,7 +15,7 @@ from kiln.llm.engine.loop import memory_bytes
 from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
-from kiln.llm.models.dtype_choice import checkpoint_dtype, choose_dtype
+from kiln.llm.models.dtype_choice import DtypeChoice, checkpoint_dtype, choose_dtype
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.parallel.executor import ParallelRunner
@@ -50,10 +50,20 @@ def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
     return model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config))
 
 
-def resolve_dtype(config: EngineConfig, stored: torch.dtype | None) -> EngineConfig:
+def resolve_dtype(config: EngineConfig, stored: torch.dtype | None, keeps_int4: bool = False) -> EngineConfig:
     """`config` with its model dtype decided (`--dtype auto` resolved, see
-    dtype_choice) and logged; everything after this reads a concrete dtype."""
+    dtype_choice) and logged; everything after this reads a concrete dtype.
+    `keeps_int4`: the model will keep a pre-quantized checkpoint's int4 projections."""
     choice = choose_dtype(config.model.dtype, config.model.device, stored)
+    if keeps_int4 and config.model.device == "cpu" and choice.dtype in ("bfloat16", "float16"):
+        # Known defect: 16-bit activations through the stored int4 projections give wrong
+        # logits for prefill chunks after a prefix-cache hit (tests/integration/llm/test_numerics.py).
+        if config.model.dtype != "auto":
+            raise ConfigError(
+                f"--dtype {choice.dtype} with a pre-quantized checkpoint's int4 weights is not supported on CPU yet; "
+                "use --dtype float32, or --quantization float to dequantize them", param="dtype",
+            )
+        choice = DtypeChoice("float32", "auto: a pre-quantized checkpoint's int4 projections run in float32")
     log.info("model dtype %s (%s)", choice.dtype, choice.reason)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=choice.dtype))
 
@@ -150,7 +160,8 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     started = time.perf_counter()
     require_device(config.model.device)  # before the (slow) checkpoint load
     checkpoint = checkpoint or load_checkpoint(resolve_model_path(config))
-    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights))
+    keeps_int4 = bool(checkpoint.quantized) and config.model.quantization != "float"
+    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights), keeps_int4)
     torch.manual_seed(config.model.seed)
     max_model_len = decide_max_model_len(checkpoint, config)
     model = build_model(checkpoint, config, max_model_len)

@@ -146,3 +146,15 @@ def test_smollm2_in_bfloat16_tracks_transformers_in_bfloat16(make_smollm2_engine
         assert (logits.max(dim=-1).values - chosen).max().item() <= 0.5, prompt
         not_argmax += int((logits.argmax(dim=-1) != torch.tensor(got)).sum())
     assert not_argmax <= len(PROMPTS) * GREEDY_TOKENS // 20
+
+
+def test_bfloat16_answers_the_same_after_a_prefix_cache_hit(make_smollm2_engine, smollm2_tokenizer):
+    """The second identical chat prompt reuses the first one's cached blocks and
+    prefills only its tail: the greedy answer must not change. (With the stored
+    int4 projections and 16-bit activations it did, so the builder keeps those in
+    float32: tests/unit/llm/engine/test_resolve_dtype.py.)"""
+    llm = make_smollm2_engine(dtype="bfloat16", quantization="float", enable_prefix_caching=True, num_blocks=64)
+    ids = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    first, again = (llm.generate([ids], params)[0].outputs[0].text for _ in range(2))
+    assert again == first and "Paris" in first

@@ -75,7 +75,8 @@ def test_parallel_matches_one_process(model, options, references, tiny_llama_dir
 
 
 def test_tp2_with_a_float16_kv_cache_matches_one_process(tiny_llama_dir, token_prompts):
-    one = greedy(LLM(str(tiny_llama_dir), num_blocks=64, kv_cache_dtype="float16"), token_prompts)
-    with LLM(str(tiny_llama_dir), num_blocks=64, kv_cache_dtype="float16", tensor_parallel_size=2) as llm:
+    one = greedy(LLM(str(tiny_llama_dir), num_blocks=64, dtype="float32", kv_cache_dtype="float16"), token_prompts)
+    options = dict(num_blocks=64, dtype="float32", kv_cache_dtype="float16", tensor_parallel_size=2)
+    with LLM(str(tiny_llama_dir), **options) as llm:
         assert all(pool.dtype == torch.float16 for pool in llm.engine.core.runner.stage.kv_caches)  # rank 0's shard
         assert greedy(llm, token_prompts) == one

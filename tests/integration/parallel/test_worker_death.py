@@ -61,6 +61,9 @@ def server(tiny_llama_dir, tmp_path_factory):
         "tiny",
         "--tensor-parallel-size",
         "2",
+        # No restart: this module checks the death itself (restarts: openai/test_engine_death.py).
+        "--engine-restarts",
+        "0",
         tmp_dir=tmp_path_factory.mktemp("worker_death"),
     ) as s:
         yield s

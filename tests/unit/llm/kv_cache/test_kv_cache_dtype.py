@@ -10,7 +10,7 @@ from kiln.llm.runner.model_runner import kv_bytes_per_block, kv_dtype
 
 
 def test_auto_follows_the_model_dtype_and_a_name_overrides_it():
-    assert kv_dtype(EngineConfig.from_flat()) == torch.float32
+    assert kv_dtype(EngineConfig.from_flat(dtype="float32")) == torch.float32
     assert kv_dtype(EngineConfig.from_flat(dtype="bfloat16")) == torch.bfloat16
     assert kv_dtype(EngineConfig.from_flat(kv_cache_dtype="float16")) == torch.float16
     assert kv_dtype(EngineConfig.from_flat(dtype="float16", kv_cache_dtype="float32")) == torch.float32
