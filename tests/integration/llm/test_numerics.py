@@ -25,8 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from kiln import LLM, SamplingParams
-from kiln.llm.request import Request
-from kiln.llm.scheduler.output import ScheduledChunk, SchedulerOutput
+from tests.integration.llm.prompt_logits import kiln_prompt_logits
 
 PROMPTS = [
     "The capital of France is",
@@ -39,22 +38,6 @@ PROMPTS = [
     "Q: What is the square root of 144?\nA:",
 ]
 GREEDY_TOKENS = 32
-
-
-def kiln_prompt_logits(llm: LLM, token_ids: list[int], split: int = 0) -> torch.Tensor:
-    """Logits for prompt positions split.. from one flattened prefill step;
-    with split > 0 a first chunk writes positions ..split into the pool and
-    the second chunk reads their keys and values back from it."""
-    core = llm.engine.core
-    req = Request("logits", token_ids, SamplingParams(max_tokens=1))
-    core.kv.allocate(req, len(token_ids))
-    try:
-        blocks = core.kv.block_ids("logits")
-        if split:
-            core.runner.logits_for(SchedulerOutput([ScheduledChunk(req, 0, split, blocks)]))
-        return core.runner.logits_for(SchedulerOutput([ScheduledChunk(req, split, len(token_ids) - split, blocks)]))
-    finally:
-        core.kv.free(req)
 
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:

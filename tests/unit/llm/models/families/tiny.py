@@ -23,9 +23,8 @@ from transformers import AutoModelForCausalLM
 from kiln import LLM, SamplingParams
 from kiln.llm.kernels import ops
 from kiln.llm.models.loader import load_checkpoint
-from kiln.llm.request import Request
-from kiln.llm.scheduler.output import ScheduledChunk, SchedulerOutput
 from tests.integration.llm.bench_text import mixed_prompts
+from tests.integration.llm.prompt_logits import kiln_prompt_logits
 
 GREEDY_TOKENS = 32
 
@@ -90,21 +89,6 @@ def hf_greedy(model: Any, ids: list[int], n: int = GREEDY_TOKENS) -> list[int]:
             out_ids.append(token)
             out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
     return out_ids
-
-
-def kiln_prompt_logits(llm: LLM, token_ids: list[int], split: int = 0) -> torch.Tensor:
-    """Logits of positions split.. in one prefill step; with split > 0 a first
-    chunk writes positions ..split into the pool and the second reads them back."""
-    core = llm.engine.core
-    req = Request("logits", token_ids, SamplingParams(max_tokens=1))
-    core.kv.allocate(req, len(token_ids))
-    try:
-        blocks = core.kv.block_ids("logits")
-        if split:
-            core.runner.logits_for(SchedulerOutput([ScheduledChunk(req, 0, split, blocks)]))
-        return core.runner.logits_for(SchedulerOutput([ScheduledChunk(req, split, len(token_ids) - split, blocks)]))
-    finally:
-        core.kv.free(req)
 
 
 @dataclass
