@@ -199,10 +199,19 @@ def _rows(
             f"max_tokens exceeds this server's limit of {max_tokens_limit} (max_tokens_limit)", param="max_tokens")
     temperature = _column(request, "temperature", len(prompts), 0.0)
     structured = _structured(request.parameters)
+    salt = _cache_salt(request.parameters)
     return [
-        (_text(p), SamplingParams(max_tokens=int(m), temperature=float(t), structured=structured))
+        (_text(p), SamplingParams(max_tokens=int(m), temperature=float(t), structured=structured, cache_salt=salt))
         for p, m, t in zip(prompts, max_tokens, temperature, strict=True)
     ]
+
+
+def _cache_salt(parameters: dict[str, Any]) -> str | None:
+    """The `cache_salt` parameter, as on OpenAI requests: prefix-cache sharing only within one salt."""
+    salt = parameters.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise InvalidRequestError("cache_salt must be a string parameter", param="cache_salt")
+    return salt
 
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_grammar": ""}

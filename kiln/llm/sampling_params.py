@@ -8,6 +8,7 @@ from kiln.llm.structured.spec import GrammarSpec
 
 # Upper bounds on what one request may ask for; the server may lower them.
 MAX_LOGPROBS = 20
+MAX_CACHE_SALT_CHARS = 256
 # What the engine can represent: seeds seed a torch.Generator (a 64-bit
 # value, signed or not); counts and token ids are int32 on the device.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -44,6 +45,9 @@ class SamplingParams:
     # Log-probabilities of every prompt token (and this many top alternatives
     # at each position); with max_tokens 0 the request only scores its prompt.
     prompt_logprobs: int | None = None
+    # Prefix-cache isolation: only requests with the same salt share cached
+    # blocks (vLLM's `cache_salt`); None shares with every unsalted request.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -64,6 +68,9 @@ class SamplingParams:
         if not isinstance(self.max_tokens, int) or (self.max_tokens < 1 and not scoring):
             bad("max_tokens", f"must be at least 1 (0 only to score a prompt, with prompt_logprobs), got "
                 f"{self.max_tokens}")
+        if self.cache_salt is not None and not (isinstance(self.cache_salt, str)
+                                                and 0 < len(self.cache_salt) <= MAX_CACHE_SALT_CHARS):
+            bad("cache_salt", f"must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters")
         if self.min_tokens < 0:
             bad("min_tokens", f"must be non-negative, got {self.min_tokens}")
         if self.min_tokens > self.max_tokens:

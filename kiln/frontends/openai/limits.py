@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field
 
 from kiln.frontends.limits import INT64_MAX, INT64_MIN
-from kiln.llm.sampling_params import MAX_LOGPROBS
+from kiln.llm.sampling_params import MAX_CACHE_SALT_CHARS, MAX_LOGPROBS
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -47,6 +47,7 @@ Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]  # -1 or 0: off; above the vocabulary: all of it
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]  # the vocabulary check is the model's
 Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]

@@ -85,4 +85,5 @@ def sampling_params(
         speculate=req.speculate,
         structured=structured,
         prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
+        cache_salt=req.cache_salt,
     )

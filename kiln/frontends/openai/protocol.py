@@ -17,6 +17,7 @@ from kiln.frontends.openai.limits import (
     MAX_CONTENT_PARTS,
     MAX_MESSAGES,
     MAX_TOOL_CALLS,
+    CacheSalt,
     Int32,
     LogitBias,
     Logprobs,
@@ -66,6 +67,8 @@ class SamplingFields(StructuredFields):
     speculate: bool = True
     # vLLM extra: logprobs of every prompt token, with this many top alternatives
     prompt_logprobs: Int32 | None = None  # SamplingParams checks the range, naming the field
+    # vLLM extra: only requests with the same salt share prefix-cache blocks (one salt per tenant)
+    cache_salt: CacheSalt | None = None
 
 
 class CompletionRequest(SamplingFields):

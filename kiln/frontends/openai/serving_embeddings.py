@@ -23,7 +23,7 @@ from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import InvalidRequestError
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import new_id, parse
-from kiln.frontends.openai.limits import Int32, PositiveInt32, Prompt
+from kiln.frontends.openai.limits import CacheSalt, Int32, PositiveInt32, Prompt
 from kiln.frontends.openai.serving_completions import split_prompts
 from kiln.frontends.openai.streams import ClientGone, close_all, collect_finals, unless_disconnected
 from kiln.frontends.openai.strict import Strict
@@ -41,6 +41,7 @@ class EmbeddingRequest(Strict):
     normalize: bool = True
     pooling: Literal["last", "mean"] | None = None  # default: the model's
     priority: Int32 = 0
+    cache_salt: CacheSalt | None = None  # as on completions: prefix-cache sharing only within one salt
 
 
 def finish_vector(vector: list[float], dimensions: int | None, normalize: bool) -> np.ndarray:
@@ -92,8 +93,8 @@ class EmbeddingServing:
         streams = []
         try:
             for i, ids in enumerate(prompts):
-                streams.append(engine.add_request(f"{group}-{i}", ids, SamplingParams(max_tokens=1), req.priority,
-                                                  pooling=pooling))
+                params = SamplingParams(max_tokens=1, cache_salt=req.cache_salt)
+                streams.append(engine.add_request(f"{group}-{i}", ids, params, req.priority, pooling=pooling))
             finals = await unless_disconnected(request, collect_finals(streams))
         except ClientGone:
             return Response(status_code=499)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.llm.kv_cache.block_pool import Block, BlockPool
-from kiln.llm.kv_cache.hashing import BlockHash, hash_full_blocks
+from kiln.llm.kv_cache.hashing import BlockHash, hash_full_blocks, root_hash
 from kiln.llm.request import Request
 
 
@@ -131,7 +131,8 @@ class KVCacheManager:
     # ---- helpers -------------------------------------------------------
     def _hashes_for(self, request: Request) -> list[BlockHash]:
         known = self._hashes.setdefault(request.request_id, [])
-        return hash_full_blocks(request.all_token_ids, self.block_size, known)
+        root = root_hash(request.sampling_params.cache_salt)
+        return hash_full_blocks(request.all_token_ids, self.block_size, known, root)
 
     def _publish_full_blocks(self, request: Request, table: list[Block], num_tokens: int) -> None:
         # Tokens up to num_tokens are known (prompt or already sampled) and

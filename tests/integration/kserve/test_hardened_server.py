@@ -115,6 +115,7 @@ def test_grpc_calls_need_the_key_like_http(server):
         lambda: anonymous.load_model("odd"),
         lambda: anonymous.unload_model("odd"),
         lambda: anonymous.get_inference_statistics("odd"),
+        lambda: anonymous.is_model_ready("odd"),  # names a model, as HTTP's /v2/models/odd/ready does
     ]
     for call in calls:
         with pytest.raises(InferenceServerException) as e:
@@ -123,7 +124,8 @@ def test_grpc_calls_need_the_key_like_http(server):
     wrong = grpcclient.InferenceServerClient(server.grpc_url, ssl=True, root_certificates=server.cert)
     with pytest.raises(InferenceServerException, match="API key"):
         wrong.infer("odd", [named("IN", x)], headers={"authorization": "Bearer nope"})
-    assert anonymous.is_server_live() and anonymous.is_model_ready("odd")  # health stays open
+    assert anonymous.is_server_live() and anonymous.is_server_ready()  # server health stays open
+    assert server.get("/v2/models/odd/ready").status_code == 401
 
     client, headers = grpc_client(server)
     out = client.infer("odd", [named("IN", x)], headers=headers).as_numpy("OUT")

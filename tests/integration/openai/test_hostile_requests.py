@@ -14,6 +14,7 @@ import socket
 import time
 
 import httpx
+import psutil
 import pytest
 
 from tests.integration.openai.live import kiln_server
@@ -164,6 +165,37 @@ def test_slow_clients_are_cut_off(server):
                        b"Content-Length: 100\r\n\r\n{\"prompt\":")
     _, seconds = raw_exchange(server, body_never_ends)
     assert seconds < 5
+
+
+POST_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+
+@pytest.mark.parametrize("framing", [
+    b"Content-Length: abc\r\n\r\n{}",
+    b"Content-Length: -1\r\n\r\n{}",
+    b"Content-Length: 2\r\nContent-Length: 40\r\n\r\n{}",
+    b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",  # smuggling
+    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+], ids=["not-a-number", "negative", "two-lengths", "length-and-chunked", "bad-chunk-size"])
+def test_malformed_framing_is_400_and_reaches_no_handler(server, framing):
+    received, _ = raw_exchange(server, POST_HEAD + framing)
+    assert received.startswith(b"HTTP/1.1 400 "), received[:200]
+    completes(server)
+
+
+def test_a_flood_of_tiny_chunks_is_cut_at_the_body_limit(server):
+    rss_before = psutil.Process(server.proc.pid).memory_info().rss
+    chunk = b"10\r\n" + b" " * 16 + b"\r\n"
+    flood = POST_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunk * 400_000  # 6.4 MB of body, 3x the limit
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(flood + b"0\r\n\r\n")
+        received = b""
+        while b"}}" not in received and (chunk := sock.recv(65536)):  # the error document ends in "}}"
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 400 ") and b"max_request_bytes" in received, received[:300]
+    growth = psutil.Process(server.proc.pid).memory_info().rss - rss_before
+    assert growth < 32 * 2**20, f"server grew {growth >> 20} MiB reading a refused body"
+    completes(server)
 
 
 def test_the_server_is_healthy_and_idle_afterwards(server):

@@ -137,3 +137,20 @@ def test_echo_with_logprobs(client):
     tokens = choice.logprobs.tokens
     assert len(tokens) == out.usage.prompt_tokens + 3 and "".join(tokens) == choice.text
     assert choice.logprobs.token_logprobs[0] is None and all(lp <= 0 for lp in choice.logprobs.token_logprobs[1:])
+
+
+def test_cache_salt_keeps_one_tenants_prefix_cache_from_another(client):
+    prompt = "Tenant isolation check. " * 12 + "Write one word:"
+
+    def complete(salt: str) -> tuple[str, int]:
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                        extra_body={"cache_salt": salt})
+        return out.choices[0].text, out.usage.prompt_tokens_details.cached_tokens
+
+    first, cold = complete("tenant-a")
+    again, warm = complete("tenant-a")
+    other, other_cached = complete("tenant-b")
+    assert cold == 0 and warm > 0 and other_cached == 0
+    assert first == again == other  # isolation changes what is cached, never the answer
+    with pytest.raises(openai.BadRequestError, match="cache_salt"):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body={"cache_salt": ""})

@@ -41,3 +41,12 @@ def test_bad_parameters_are_invalid_requests_naming_the_field(req, param, words)
     with pytest.raises(InvalidRequestError, match=words) as caught:
         _rows(req, max_rows=8, max_tokens_limit=8)
     assert caught.value.param == param or param in str(caught.value)
+
+
+def test_a_cache_salt_parameter_reaches_every_row_and_is_checked():
+    salted = InferRequest("tiny", request(2).inputs, parameters={"cache_salt": "tenant-a"})
+    assert [s.cache_salt for _, s in _rows(salted)] == ["tenant-a", "tenant-a"]
+    assert _rows(request())[0][1].cache_salt is None
+    for bad in (7, ""):
+        with pytest.raises(InvalidRequestError, match="cache_salt"):
+            _rows(InferRequest("tiny", request().inputs, parameters={"cache_salt": bad}))

@@ -1,8 +1,10 @@
 """The API key on gRPC: metadata `authorization: Bearer <key>`, checked before
 any handler runs (the same constant-time check as HTTP, kiln/frontends/auth.py).
 
-The health calls (ServerLive, ServerReady, ModelReady) stay open like HTTP's
-health routes, unless the server runs with --protect-health.
+The server health calls (ServerLive, ServerReady) stay open like HTTP's
+/v2/health routes, unless the server runs with --protect-health. ModelReady
+names a model, so, like HTTP's /v2/models/{name}/ready, it needs the key: an
+anonymous caller cannot probe which models the server holds.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import grpc
 from kiln.frontends.auth import UNAUTHORIZED, bearer_matches
 
 SERVICE = "/inference.GRPCInferenceService/"
-HEALTH_METHODS = frozenset(SERVICE + m for m in ("ServerLive", "ServerReady", "ModelReady"))
+HEALTH_METHODS = frozenset(SERVICE + m for m in ("ServerLive", "ServerReady"))
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):

@@ -1,6 +1,7 @@
 """Exact block-id tests of the KV cache manager on a dozen-block pool."""
 import pytest
 
+from kiln.errors import InvalidRequestError
 from kiln.llm.kv_cache.manager import KVCacheManager
 from kiln.llm.request import Request
 from kiln.llm.sampling_params import SamplingParams
@@ -111,3 +112,24 @@ def test_prefix_caching_off_shares_nothing():
     hit = admit(kv, b)
     assert hit.num_tokens == 0
     assert kv.block_ids("a") == [0, 1] and kv.block_ids("b") == [2, 3, 4]
+
+
+def salted(rid, tokens, salt):
+    return Request(rid, list(tokens), SamplingParams(max_tokens=8, cache_salt=salt))
+
+
+def test_a_cache_salt_shares_blocks_only_within_its_tenant(kv):
+    admit(kv, salted("a", range(10), "tenant-1"))
+    assert admit(kv, salted("b", range(10), "tenant-1")).num_tokens == 8  # same tenant: two full blocks hit
+    assert admit(kv, salted("c", range(10), "tenant-2")).num_tokens == 0  # other tenant: nothing
+    assert admit(kv, req("d", range(10))).num_tokens == 0  # unsalted: nothing either
+    assert kv.block_ids("b")[:2] == kv.block_ids("a")[:2]
+    assert not set(kv.block_ids("c")) & set(kv.block_ids("a"))
+    assert not set(kv.block_ids("d")) & (set(kv.block_ids("a")) | set(kv.block_ids("c")))
+    assert admit(kv, req("e", range(8))).num_tokens == 4  # unsalted requests still share among themselves
+
+
+def test_a_cache_salt_must_be_a_short_non_empty_string():
+    for bad in ("", "x" * 257, 7):
+        with pytest.raises(InvalidRequestError, match="cache_salt"):
+            SamplingParams(cache_salt=bad)

@@ -211,3 +211,24 @@ def test_other_file_kind(tmp_path):
     with pytest.raises(ModelLoadError, match="unsupported model file") as e:
         load_checkpoint(path)
     assert str(path) in str(e.value)
+
+
+class _Trap:
+    """Unpickling this object runs code: it creates the file it names."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickled_checkpoint_is_never_unpickled(tiny_llama_dir, tmp_path):
+    directory = _copy_dir(tiny_llama_dir, tmp_path / "pickled")
+    for weights in directory.glob("*.safetensors"):
+        weights.unlink()
+    marker = tmp_path / "unpickled"
+    torch.save({"model.embed_tokens.weight": _Trap(marker)}, directory / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match=r"pickled \.bin files are not loaded"):
+        load_checkpoint(directory)
+    assert not marker.exists()
