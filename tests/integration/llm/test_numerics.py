@@ -152,7 +152,8 @@ def test_a_bfloat16_model_computes_with_the_stored_int4_parameters(make_smollm2_
         for module, name in ((layer.self_attn.o_proj, "self_attn.o_proj"), (layer.mlp.down_proj, "mlp.down_proj")):
             stored = smollm2_checkpoint.quantized[f"model.layers.{i}.{name}.weight"]
             assert torch.equal(module.codes, stored.codes), (i, name)
-            assert module.scale_min.dtype == torch.float16 and torch.equal(module.scale_min, stored.scale_min), (i, name)
+            assert module.scale_min.dtype == torch.float16, (i, name)
+            assert torch.equal(module.scale_min, stored.scale_min), (i, name)
 
 
 @pytest.mark.parametrize("quantization", [None, "float"])
