@@ -59,8 +59,9 @@ def resolve_dtype(config: EngineConfig, stored: torch.dtype | None, keeps_int4: 
     if keeps_int4 and config.model.dtype == "auto" and config.model.device == "cpu" and choice.dtype != "float32":
         # Kiln's int4 kernels take float32 activations: in a 16-bit model every kept int4
         # projection widens its input and rounds its output, and the fused decode layer
-        # does not apply, so bfloat16 only adds work (docs/benchmarks.md). An explicit
-        # 16-bit --dtype is honoured (its numerics are those of a 16-bit float model).
+        # does not apply, so batch-1 decode is slower in bfloat16 (docs/benchmarks.md).
+        # An explicit 16-bit --dtype is honoured: the projections still compute with the
+        # stored weights exactly (QuantizedLinear keeps their scales through the cast).
         choice = DtypeChoice("float32", "auto: a pre-quantized checkpoint's int4 kernels take float32 activations")
     log.info("model dtype %s (%s)", choice.dtype, choice.reason)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=choice.dtype))
