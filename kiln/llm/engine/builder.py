@@ -53,17 +53,16 @@ def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
 def resolve_dtype(config: EngineConfig, stored: torch.dtype | None, keeps_int4: bool = False) -> EngineConfig:
     """`config` with its model dtype decided (`--dtype auto` resolved, see
     dtype_choice) and logged; everything after this reads a concrete dtype.
-    `keeps_int4`: the model will keep a pre-quantized checkpoint's int4 projections."""
+    `keeps_int4`: the model will keep a pre-quantized checkpoint's int4 projections
+    (then `auto` on CPU is float32; an explicit dtype is honoured)."""
     choice = choose_dtype(config.model.dtype, config.model.device, stored)
-    if keeps_int4 and config.model.device == "cpu" and choice.dtype in ("bfloat16", "float16"):
-        # Known defect: 16-bit activations through the stored int4 projections give wrong
-        # logits for prefill chunks after a prefix-cache hit (tests/integration/llm/test_numerics.py).
-        if config.model.dtype != "auto":
-            raise ConfigError(
-                f"--dtype {choice.dtype} with a pre-quantized checkpoint's int4 weights is not supported on CPU yet; "
-                "use --dtype float32, or --quantization float to dequantize them", param="dtype",
-            )
-        choice = DtypeChoice("float32", "auto: a pre-quantized checkpoint's int4 projections run in float32")
+    if keeps_int4 and config.model.dtype == "auto" and config.model.device == "cpu" and choice.dtype != "float32":
+        # Kiln's int4 kernels take float32 activations: in a 16-bit model every kept int4
+        # projection widens its input and rounds its output, and the fused decode layer
+        # does not apply, so batch-1 decode is slower in bfloat16 (docs/benchmarks.md).
+        # An explicit 16-bit --dtype is honoured: the projections still compute with the
+        # stored weights exactly (QuantizedLinear keeps their scales through the cast).
+        choice = DtypeChoice("float32", "auto: a pre-quantized checkpoint's int4 kernels take float32 activations")
     log.info("model dtype %s (%s)", choice.dtype, choice.reason)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=choice.dtype))
 

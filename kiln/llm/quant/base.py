@@ -9,8 +9,11 @@ converts activations at the layer's edge. The CUDA int4 kernel takes
 bfloat16 only; CUDA int8 takes the model's dtype.
 
 The scale buffers are stored in the kernel's dtype, and `model.to(dtype)`
-must not recast them (that would cost a conversion per call), hence the
-`_apply` override.
+must not touch them: a cast to the model's dtype and back would round them
+(fp16 or fp32 scales through bfloat16 keep 8 bits of mantissa, so every
+weight of a bf16 model would move off the stored grid) and a cast that stays
+would cost a conversion per call. Hence the `_apply` override, which lets a
+device move through and keeps the values as they were.
 """
 from __future__ import annotations
 
@@ -28,8 +31,10 @@ class QuantizedLinear(nn.Module):
     _kernel_buffers: tuple[str, ...] = ()
 
     def _apply(self, fn, recurse=True):
-        dtypes = {name: getattr(self, name).dtype for name in self._kernel_buffers}
+        kept = {name: getattr(self, name) for name in self._kernel_buffers}
         super()._apply(fn, recurse)
-        for name, dtype in dtypes.items():
-            setattr(self, name, getattr(self, name).to(dtype))  # device moves stay, dtype casts are undone
+        for name, before in kept.items():
+            # The tensor from before `fn`, on the device `fn` chose: casting the result back instead
+            # would not undo the rounding of a narrower dtype.
+            setattr(self, name, before.to(getattr(self, name).device))
         return self

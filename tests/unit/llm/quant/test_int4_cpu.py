@@ -116,3 +116,23 @@ def test_bf16_activations_and_the_fallback_agree(monkeypatch):
     torch.testing.assert_close(layer(x), ref)
     bf16_ref = F.linear(x.bfloat16().float(), layer.dequantized_weight())
     torch.testing.assert_close(out.float(), bf16_ref, rtol=1e-2, atol=1e-2)
+
+
+@needs_kernels
+def test_in_a_bf16_model_the_kernel_is_fp32_rounded_once_and_row_independent():
+    """What a bf16 model's kept int4 projection computes: the cast leaves codes and
+    fp16 scale/min alone, and each output row is the fp32 kernel on the widened
+    input, rounded once to bf16, whatever the rows around it (a prefill's tail
+    after a prefix-cache hit gives the rows the whole prefill gives)."""
+    layer = Int4CpuLinear.from_float(weight(), 64)
+    codes, scale_min = layer.codes.clone(), layer.scale_min.clone()
+    layer.to(torch.bfloat16)
+    assert torch.equal(layer.codes, codes) and layer.scale_min.dtype == torch.float16
+    assert torch.equal(layer.scale_min, scale_min)
+    x = torch.randn(37, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
+    full = layer(x)
+    assert full.dtype == torch.bfloat16
+    fp32 = ops.linear_w4(x.float(), codes, scale_min, 64)
+    assert fp32 is not None and torch.equal(full, fp32.bfloat16())
+    for rows in (slice(32, 37), slice(36, 37), slice(0, 1)):
+        assert torch.equal(layer(x[rows]), full[rows])

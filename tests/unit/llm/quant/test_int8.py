@@ -49,3 +49,13 @@ def test_leading_dims_and_dtype_cast_keep_the_kernel_scales():
     assert layer.scales.dtype == kernel
     x = torch.randn(2, 3, 64)
     assert layer(x).shape == (2, 3, 96)
+
+
+def test_a_cast_to_bf16_keeps_the_fp32_kernel_scales_exact():
+    """A bf16 model's int8 layers keep their float32 scales as computed (a cast to
+    bf16 and back would round them to 8 bits of mantissa)."""
+    layer = Int8Linear.from_float(weight())
+    scales_f32 = layer.scales_f32.clone()
+    layer.to(torch.bfloat16)
+    assert layer.scales_f32.dtype == torch.float32 and torch.equal(layer.scales_f32, scales_f32)
+    assert not torch.equal(scales_f32.bfloat16().float(), scales_f32)  # the rounding it would have been
