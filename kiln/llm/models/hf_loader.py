@@ -18,7 +18,7 @@ from kiln.errors import ModelLoadError
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.hf_config import as_ids
-from kiln.llm.models.registry import family_for_hf
+from kiln.llm.models.registry import expected_weight_shapes, family_for_hf
 from kiln.llm.quant.formats.hf import quant_method, split_prequantized
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -38,7 +38,8 @@ def quantization_method(directory: Path) -> str | None:
 def load_hf_dir(directory: Path) -> Checkpoint:
     arch = load_hf_arch(directory)
     weights, quantized = split_prequantized(
-        _load_safetensors(directory), _read_json(directory / "config.json"), str(directory)
+        _load_safetensors(directory), _read_json(directory / "config.json"), str(directory),
+        expected_weight_shapes(arch).keys(),
     )
     _drop_derived_weights(weights, arch)
     return Checkpoint(

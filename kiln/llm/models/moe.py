@@ -10,7 +10,10 @@ sorted by expert, and each expert with work runs once over all its rows
 (gathered with index_select; one gate|up and one down projection, through
 Kiln's linear kernels like any Linear) before its weighted output is added
 back into the tokens' rows (index_add_, experts in ascending order, so a
-token's sum never depends on what else is in the batch).
+token's sum never depends on what else is in the batch). A step of one token
+(batch-1 decode) skips the sorting and scattering: its k experts run directly
+and their weighted outputs are summed in the same ascending order, so the
+result is bit-identical to the grouped path's.
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
+        if x.shape[0] == 1:
+            return self._one_token(x, ids[0].tolist(), weights)
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)  # pair p = token p // k, its (p % k)-th choice
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
@@ -58,3 +63,10 @@ class SparseMoeBlock(nn.Module):
                 out.index_add_(0, rows, expert(x.index_select(0, rows)) * pair_weights[start : start + n])
                 start += n
         return out
+
+    def _one_token(self, x: torch.Tensor, chosen: list[int], weights: torch.Tensor) -> torch.Tensor:
+        """x [1, H] through its chosen experts, summed in ascending expert order
+        (the grouped path's 0 + a + b, without the zeros: 0 + a == a)."""
+        parts = [self.experts[chosen[j]](x) * weights[:, j : j + 1]
+                 for j in sorted(range(len(chosen)), key=chosen.__getitem__)]
+        return sum(parts[1:], parts[0])

@@ -11,12 +11,19 @@ names (`P.weight`) the model code knows:
 Embeddings and the LM head always come out float (the token lookup needs
 float rows; the head gets the engine's head quantization, if any). Anything
 else is refused with a ModelLoadError naming the method.
+
+A quantized projection's bias (`P.bias`, e.g. Qwen2's q/k/v biases) stays a
+float weight: the model adds it after the int4 matmul, in the output dtype,
+as it does for a float checkpoint. Quantizers that store a bias for every
+projection (AutoGPTQ writes zeros where the model has none) get those all-zero
+biases dropped where the architecture reads none (`expected` names the weights
+it reads); a non-zero one there is refused, naming it.
 """
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -44,19 +51,23 @@ def quant_method(config: dict[str, Any]) -> str | None:
 
 
 def split_prequantized(
-    weights: dict[str, torch.Tensor], config: dict[str, Any], source: str
+    weights: dict[str, torch.Tensor], config: dict[str, Any], source: str, expected: Collection[str] = ()
 ) -> tuple[dict[str, torch.Tensor], dict[str, Int4Weight]]:
-    """(float weights, quantized projections) by HF name, from a directory's stored tensors."""
+    """(float weights, quantized projections) by HF name, from a directory's
+    stored tensors; `expected`: the names the model's architecture reads (none
+    given: every quantized projection's bias is taken as one it has not)."""
     method = quant_method(config)
     if method is None:
         return weights, {}
     qc = config["quantization_config"]
     if method == "gptq":
         spec = gptq.GPTQSpec.from_config(qc, source)
-        return _split_int4(weights, gptq.SUFFIXES, lambda t, name: gptq.gptq_weight(t, spec, name), "GPTQ", source)
+        return _split_int4(weights, gptq.SUFFIXES, lambda t, name: gptq.gptq_weight(t, spec, name), "GPTQ", source,
+                           expected)
     if method == "awq":
         awq_spec = awq.AWQSpec.from_config(qc, source)
-        return _split_int4(weights, awq.SUFFIXES, lambda t, name: awq.awq_weight(t, awq_spec, name), "AWQ", source)
+        return _split_int4(weights, awq.SUFFIXES, lambda t, name: awq.awq_weight(t, awq_spec, name), "AWQ", source,
+                           expected)
     if method in ("compressed-tensors", "fp8"):
         return _dequantize_fp8(weights, fp8.FP8Spec.from_config(qc, source), source), {}
     raise ModelLoadError(
@@ -65,7 +76,8 @@ def split_prequantized(
 
 
 def _split_int4(
-    weights: dict[str, torch.Tensor], suffixes: tuple[str, ...], convert: Convert, label: str, source: str
+    weights: dict[str, torch.Tensor], suffixes: tuple[str, ...], convert: Convert, label: str, source: str,
+    expected: Collection[str],
 ) -> tuple[dict[str, torch.Tensor], dict[str, Int4Weight]]:
     floats: dict[str, torch.Tensor] = {}
     layers: dict[str, dict[str, torch.Tensor]] = {}
@@ -73,9 +85,11 @@ def _split_int4(
         prefix, _, suffix = name.rpartition(".")
         if suffix in suffixes:
             layers.setdefault(prefix, {})[suffix] = tensor
-        elif suffix == "bias" and prefix + ".qweight" in weights:
+        elif suffix == "bias" and prefix + ".qweight" in weights and name not in expected:
             if bool(tensor.any()):
-                raise ModelLoadError(f"{source}: {name}: projection biases are not supported")
+                raise ModelLoadError(
+                    f"{source}: {name}: a non-zero bias on a projection that has none in this architecture"
+                )
         else:
             floats[name] = tensor
     quantized: dict[str, Int4Weight] = {}
