@@ -6,7 +6,8 @@ max_batch_size rows, hits a preferred size, or the oldest request has waited
 max_queue_delay_ms; it leaves earlier when waiting would gather nobody
 (`WaitPolicy`: recent waits gathered nobody, or the batch holds as many rows
 as were lately outstanding at once). The batch runs on the instance's own
-thread.
+thread, or on the event loop's when the model is fast enough that the
+thread hops would cost more (`InlineEstimate`).
 
 Invariants:
 - every submitted request gets exactly one outcome: a result, its own error,
@@ -37,6 +38,7 @@ import numpy as np
 
 from kiln.errors import InvalidRequestError, KilnError, ModelUnavailableError, OverloadedError, RequestTimeoutError
 from kiln.serving.batching.concat import same_layout, same_shapes
+from kiln.serving.batching.inline import InlineEstimate
 from kiln.serving.batching.wait_policy import WaitPolicy
 from kiln.serving.metrics import ServingMetrics
 from kiln.serving.model import Model
@@ -160,11 +162,12 @@ class DynamicBatcher:
             ]
 
     async def _worker(self, instance: Model, executor: ThreadPoolExecutor) -> None:
+        inline = InlineEstimate()
         while True:
             batch = await self._next_batch()
             if batch is None:
                 return
-            await self._run(instance, executor, batch)
+            await self._run(instance, executor, inline, batch)
 
     async def _next_batch(self) -> list[_Item] | None:
         while not (self._queue or self._closed):
@@ -237,19 +240,24 @@ class DynamicBatcher:
                 rows += item.rows
         return rows
 
-    async def _run(self, instance: Model, executor: ThreadPoolExecutor, batch: list[_Item]) -> None:
+    async def _run(self, instance: Model, executor: ThreadPoolExecutor, inline: InlineEstimate,
+                   batch: list[_Item]) -> None:
         start = time.perf_counter_ns()
         batch = [i for i in batch if not i.future.done()]  # callers that gave up
         if not batch:
             return
+        queue_us = self.metrics.queue_us.labels(self.config.name, self.version)
         for item in batch:
             self.stats.queue.add(start - item.enqueued_ns)
-            self.metrics.queue_us.labels(self.config.name, self.version).inc((start - item.enqueued_ns) / 1000)
-        loop = asyncio.get_running_loop()
-        try:
-            results = await loop.run_in_executor(executor, instance.execute, [i.request for i in batch])
-        except Exception as exc:  # noqa: BLE001 - the whole call failed
-            results = [exc] * len(batch)
+            queue_us.inc((start - item.enqueued_ns) / 1000)
+        requests = [i.request for i in batch]
+        rows = sum(i.rows for i in batch)
+        if inline.fits(rows):
+            results, execute_ns = _timed_execute(instance, requests)
+        else:
+            results, execute_ns = await asyncio.get_running_loop().run_in_executor(
+                executor, _timed_execute, instance, requests)
+        inline.record(rows, execute_ns)
         self._record(instance, batch, time.perf_counter_ns() - start)
         for item, result in zip(batch, results, strict=False):
             if not item.future.done():
@@ -291,6 +299,16 @@ class DynamicBatcher:
             await asyncio.gather(*self._workers, return_exceptions=True)
         for executor in self._executors:
             executor.shutdown(wait=True)
+
+
+def _timed_execute(instance: Model, requests: list[InferRequest]) -> tuple[list, int]:
+    """The model's results (or its exception for every request) and how long the call took."""
+    start = time.perf_counter_ns()
+    try:
+        results = instance.execute(requests)
+    except Exception as exc:  # noqa: BLE001 - the whole call failed
+        results = [exc] * len(requests)
+    return results, time.perf_counter_ns() - start
 
 
 def _queue_key(item: _Item) -> tuple[float, int]:
