@@ -15,7 +15,7 @@ wait. What the batcher sees tells when they will not:
 """
 from __future__ import annotations
 
-MAX_SKIP = 64
+MAX_SKIP = 256
 
 
 class RecentPeak:
