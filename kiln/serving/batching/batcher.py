@@ -246,7 +246,7 @@ class DynamicBatcher:
         batch = [i for i in batch if not i.future.done()]  # callers that gave up
         if not batch:
             return
-        queue_us = self.metrics.queue_us.labels(self.config.name, self.version)
+        queue_us = self.metrics.child(self.metrics.queue_us, self.config.name, self.version)
         for item in batch:
             self.stats.queue.add(start - item.enqueued_ns)
             queue_us.inc((start - item.enqueued_ns) / 1000)
