@@ -25,6 +25,7 @@ from kiln.dataplane.dataplane import DataPlane
 from kiln.frontends.admin import admin_router
 from kiln.frontends.auth import OPEN_PATHS, ApiKeyMiddleware
 from kiln.frontends.errors import install_error_handlers
+from kiln.frontends.kserve.fast_path import InferFastPath
 from kiln.frontends.kserve.grpc.servicer import start_grpc_server
 from kiln.frontends.kserve.http import kserve_router
 from kiln.frontends.openai.router import openai_router
@@ -57,6 +58,7 @@ def build_app(dataplane: DataPlane, on_fatal: Callable[[str], None] | None = Non
                   openapi_url=OPENAPI_PATH)
     app.state.dataplane = dataplane
     install_error_handlers(app)
+    app.add_middleware(InferFastPath, dataplane=dataplane)  # added first: runs after (inside) the API key check
     if dataplane.config.api_key:
         probes = frozenset() if dataplane.config.protect_health else OPEN_PATHS
         app.add_middleware(ApiKeyMiddleware, api_key=dataplane.config.api_key,

@@ -16,7 +16,8 @@ connection for as long as the client likes. Here, per connection:
   reading (flow control) does not count.
 
 Idle keep-alive connections between requests are uvicorn's
-(`timeout_keep_alive`).
+(`timeout_keep_alive`). Writes go through `CoalescingTransport` (a response's
+head and body in one send).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kiln.config import ServerConfig
+from kiln.server.coalescing import CoalescingTransport
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     limits: HttpLimits  # set on the subclass `protocol_class` makes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._rejection: bytes | None = None

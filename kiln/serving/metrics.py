@@ -6,6 +6,8 @@ server's /metrics (or passes the shared registry in).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
@@ -44,19 +46,28 @@ class ServingMetrics:
             "kiln_inference_batch_size", "Rows per backend execution", _LABELS, buckets=_BATCH_BUCKETS, registry=r
         )
         self.load_seconds = Gauge("kiln_model_load_duration_secs", "Time to load the model", _LABELS, registry=r)
+        # Labelled children, looked up once: `labels()` costs microseconds and runs several times per request.
+        self._children: dict[tuple[int, str, str], Any] = {}
+
+    def child(self, metric: Counter | Gauge | Histogram, model: str, version: str) -> Any:
+        key = (id(metric), model, version)  # the metrics live as long as this object
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(model, version)
+        return found
 
     def request_done(self, model: str, version: str, ok: bool, duration_ns: int, reason: str = "OTHER") -> None:
         if ok:
-            self.success.labels(model, version).inc()
+            self.child(self.success, model, version).inc()
         else:
             self.failure.labels(model, version, reason if reason in FAILURE_REASONS else "OTHER").inc()
-        self.request_us.labels(model, version).inc(duration_ns / 1000)
-        self.latency.labels(model, version).observe(duration_ns / 1e9)
+        self.child(self.request_us, model, version).inc(duration_ns / 1000)
+        self.child(self.latency, model, version).observe(duration_ns / 1e9)
 
     def execution(self, model: str, version: str, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        self.exec_count.labels(model, version).inc()
-        self.inference_count.labels(model, version).inc(rows)
-        self.batch_size.labels(model, version).observe(rows)
-        self.input_us.labels(model, version).inc(input_ns / 1000)
-        self.infer_us.labels(model, version).inc(infer_ns / 1000)
-        self.output_us.labels(model, version).inc(output_ns / 1000)
+        self.child(self.exec_count, model, version).inc()
+        self.child(self.inference_count, model, version).inc(rows)
+        self.child(self.batch_size, model, version).observe(rows)
+        self.child(self.input_us, model, version).inc(input_ns / 1000)
+        self.child(self.infer_us, model, version).inc(infer_ns / 1000)
+        self.child(self.output_us, model, version).inc(output_ns / 1000)

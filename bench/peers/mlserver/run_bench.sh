@@ -4,9 +4,10 @@
 # Kiln (dynamic batching: max_queue_delay 2 ms), same client and levels.
 # Needs: python examples/tabular/build_repository.py, and MLServer in its own
 # venv: python3 -m venv bench/peers/envs/mlserver && bench/peers/envs/mlserver/bin/pip install mlserver onnxruntime
+# Over HTTP (JSON tensors, batching on and off, both servers in one run): bench/http_infer.py.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-VENV=${MLSERVER_VENV:-bench/peers/envs/mlserver}
+VENV=$(cd "${MLSERVER_VENV:-bench/peers/envs/mlserver}" && pwd)  # absolute: mlserver starts in $WORK
 WORK=$(mktemp -d)
 mkdir -p "$WORK/breast_cancer"
 cp bench/peers/mlserver/runtime.py "$WORK/breast_cancer/"

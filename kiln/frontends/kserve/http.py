@@ -155,21 +155,52 @@ async def _until_disconnect(request: Request) -> None:
 
 
 async def _cancel_on_disconnect(request: Request, work):
-    """Run `work`; cancel it if the client goes away first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_until_disconnect(request))
+    """Await `work` in this task; cancel it if the client goes away first.
+    (One watcher task per request: the work itself runs in the caller's task.)"""
+    task = asyncio.current_task()
+    assert task is not None  # invariant: called from a coroutine under a running loop
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _until_disconnect(request)
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        raise ClientGone from None
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        raise ClientGone
-    return task.result()
 
 
 def _version(version: str | None) -> str:
     return version or ""
+
+
+@_guard
+async def infer_response(dataplane: DataPlane, request: Request, name: str, version: str | None) -> Response:
+    """POST /v2/models/{name}[/versions/{version}]/infer: body in, answer out."""
+    limits = dataplane.limits
+    body = await read_body(request, limits)
+    header = request.headers.get(HEADER_LENGTH)
+    if header is not None and not header.isdigit():
+        raise InvalidRequestError(f"invalid {HEADER_LENGTH} header {header!r}")
+    infer_request = parse_infer_request(body, int(header) if header else None, name, _version(version), limits)
+    key = route_key(request.headers)
+    response = await _cancel_on_disconnect(request, dataplane.infer(infer_request, route_key=key))
+    payload, header_length = encode_infer_response(response, infer_request)
+    target = response.parameters.get(TARGET_PARAMETER)
+    headers = {TARGET_HEADER: str(target)} if target is not None else {}
+    if header_length is None:
+        return Response(payload, media_type="application/json", headers=headers)
+    return Response(payload, media_type="application/octet-stream",
+                    headers={HEADER_LENGTH: str(header_length), **headers})
 
 
 def kserve_router(dataplane: DataPlane) -> APIRouter:
@@ -220,24 +251,12 @@ def kserve_router(dataplane: DataPlane) -> APIRouter:
     async def model_stats(name: str, version: str | None = None):
         return _json(documents.statistics(dataplane.model_statistics(name, _version(version))))
 
+    # The same handler serves these paths through InferFastPath (kiln/frontends/kserve/fast_path.py),
+    # ahead of FastAPI's routing; the routes stay for /openapi.json and for apps without it.
     @router.post("/v2/models/{name}/infer", openapi_extra=request_body(INFER_REQUEST_SCHEMA))
     @router.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=request_body(INFER_REQUEST_SCHEMA))
-    @_guard
     async def infer(request: Request, name: str, version: str | None = None):
-        body = await read_body(request, limits)
-        header = request.headers.get(HEADER_LENGTH)
-        if header is not None and not header.isdigit():
-            raise InvalidRequestError(f"invalid {HEADER_LENGTH} header {header!r}")
-        infer_request = parse_infer_request(body, int(header) if header else None, name, _version(version), limits)
-        key = route_key(request.headers)
-        response = await _cancel_on_disconnect(request, dataplane.infer(infer_request, route_key=key))
-        payload, header_length = encode_infer_response(response, infer_request)
-        target = response.parameters.get(TARGET_PARAMETER)
-        headers = {TARGET_HEADER: str(target)} if target is not None else {}
-        if header_length is None:
-            return Response(payload, media_type="application/json", headers=headers)
-        return Response(payload, media_type="application/octet-stream",
-                        headers={HEADER_LENGTH: str(header_length), **headers})
+        return await infer_response(dataplane, request, name, version)
 
     @router.post("/v2/repository/index", openapi_extra=request_body(INDEX_REQUEST_SCHEMA))
     @_guard

@@ -3,7 +3,11 @@
 A worker takes the first request in queue order, then keeps taking requests
 that can join it (same shapes, or same ranks when padding) until the batch has
 max_batch_size rows, hits a preferred size, or the oldest request has waited
-max_queue_delay_ms. The batch runs on the instance's own thread.
+max_queue_delay_ms; it leaves earlier when waiting would gather nobody
+(`WaitPolicy`: recent waits gathered nobody, or the batch holds as many rows
+as were lately outstanding at once). The batch runs on the instance's own
+thread, or on the event loop's when the model is fast enough that the
+thread hops would cost more (`InlineEstimate`).
 
 Invariants:
 - every submitted request gets exactly one outcome: a result, its own error,
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import contextlib
 import itertools
 import time
@@ -33,6 +38,8 @@ import numpy as np
 
 from kiln.errors import InvalidRequestError, KilnError, ModelUnavailableError, OverloadedError, RequestTimeoutError
 from kiln.serving.batching.concat import same_layout, same_shapes
+from kiln.serving.batching.inline import InlineEstimate
+from kiln.serving.batching.wait_policy import WaitPolicy
 from kiln.serving.metrics import ServingMetrics
 from kiln.serving.model import Model
 from kiln.serving.repository.config import RepositoryModelConfig
@@ -81,7 +88,9 @@ class DynamicBatcher:
         self.default_timeout_s = policy.default_timeout_ms / 1000
         self.aging_s = policy.priority_aging_s
         self._queue: list[_Item] = []  # sorted by _Item.key
-        self._cond = asyncio.Condition()  # binds to the running loop on first use (Python >= 3.10)
+        # Workers waiting for the queue to change, woken one per submit (first come first woken).
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._policy = WaitPolicy()
         self._started = False
         self._workers: list[asyncio.Task] = []
         self._executors = [ThreadPoolExecutor(1, thread_name_prefix=f"kiln-{config.name}") for _ in instances]
@@ -112,14 +121,16 @@ class DynamicBatcher:
         timeout = self._timeout_s(request)
         if timeout > 0:
             item.timer = loop.call_later(timeout, self._expire, item)
-        bisect.insort(self._queue, item, key=lambda i: i.key)
-        async with self._cond:
-            self._cond.notify()
+        bisect.insort(self._queue, item, key=_queue_key)
+        self._policy.arrived(item.rows, item.enqueued_ns)
+        self._wake_one()
         try:
             return await item.future
         except asyncio.CancelledError:
             self._drop(item)
             raise
+        finally:
+            self._policy.answered(item.rows)
 
     def _timeout_s(self, request: InferRequest) -> float:
         value = request.parameters.get("timeout")
@@ -151,31 +162,66 @@ class DynamicBatcher:
             ]
 
     async def _worker(self, instance: Model, executor: ThreadPoolExecutor) -> None:
+        inline = InlineEstimate()
         while True:
             batch = await self._next_batch()
             if batch is None:
                 return
-            await self._run(instance, executor, batch)
+            await self._run(instance, executor, inline, batch)
 
     async def _next_batch(self) -> list[_Item] | None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self._queue or self._closed)
-            if not self._queue:
-                return None
-            batch = [self._take(self._queue[0])]
-            if not self.batching:
+        while not (self._queue or self._closed):
+            await self._wait(None)
+        if not self._queue:
+            return None
+        batch = [self._take(self._queue[0])]
+        if not self.batching:
+            return batch
+        deadline_ns = batch[0].enqueued_ns + int(self.delay_s * 1e9)
+        rows, waited, joined = batch[0].rows, False, False
+        may_wait = self._policy.may_wait()
+        while True:
+            taken = self._take_joining(batch, rows)
+            joined = joined or (waited and taken > rows)
+            rows = taken
+            if rows >= self.max_rows or rows in self.preferred or self._closed:
                 return batch
-            deadline = batch[0].enqueued_ns / 1e9 + self.delay_s
-            rows = batch[0].rows
-            while True:
-                rows = self._take_joining(batch, rows)
-                if rows >= self.max_rows or rows in self.preferred:
-                    return batch
-                remaining = deadline - time.perf_counter_ns() / 1e9
-                if remaining <= 0 or self._closed:
-                    return batch
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._cond.wait(), remaining)
+            if not may_wait or self._policy.enough(rows, time.perf_counter_ns()):
+                return batch
+            remaining_s = (deadline_ns - time.perf_counter_ns()) / 1e9
+            if remaining_s <= 0:
+                if waited:
+                    self._policy.deadline_passed(joined)
+                return batch
+            await self._wait(remaining_s)
+            waited = True
+
+    async def _wait(self, timeout_s: float | None) -> None:
+        """Until a submit or stop wakes this worker, or `timeout_s` passes.
+        (A bare future and a timer: cheaper than Condition + wait_for, which
+        makes a task per wait on Python 3.11.)"""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(timeout_s, _wake, waiter) if timeout_s is not None else None
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        while self._waiters:
+            _wake(self._waiters.popleft())
 
     def _take(self, item: _Item) -> _Item:
         self._queue.remove(item)
@@ -194,19 +240,24 @@ class DynamicBatcher:
                 rows += item.rows
         return rows
 
-    async def _run(self, instance: Model, executor: ThreadPoolExecutor, batch: list[_Item]) -> None:
+    async def _run(self, instance: Model, executor: ThreadPoolExecutor, inline: InlineEstimate,
+                   batch: list[_Item]) -> None:
         start = time.perf_counter_ns()
         batch = [i for i in batch if not i.future.done()]  # callers that gave up
         if not batch:
             return
+        queue_us = self.metrics.child(self.metrics.queue_us, self.config.name, self.version)
         for item in batch:
             self.stats.queue.add(start - item.enqueued_ns)
-            self.metrics.queue_us.labels(self.config.name, self.version).inc((start - item.enqueued_ns) / 1000)
-        loop = asyncio.get_running_loop()
-        try:
-            results = await loop.run_in_executor(executor, instance.execute, [i.request for i in batch])
-        except Exception as exc:  # noqa: BLE001 - the whole call failed
-            results = [exc] * len(batch)
+            queue_us.inc((start - item.enqueued_ns) / 1000)
+        requests = [i.request for i in batch]
+        rows = sum(i.rows for i in batch)
+        if inline.fits(rows):
+            results, execute_ns = _timed_execute(instance, requests)
+        else:
+            results, execute_ns = await asyncio.get_running_loop().run_in_executor(
+                executor, _timed_execute, instance, requests)
+        inline.record(rows, execute_ns)
         self._record(instance, batch, time.perf_counter_ns() - start)
         for item, result in zip(batch, results, strict=False):
             if not item.future.done():
@@ -244,11 +295,29 @@ class DynamicBatcher:
             if not item.future.done():
                 item.future.set_exception(ModelUnavailableError(f"model '{self.config.name}' was unloaded"))
         if self._started:
-            async with self._cond:
-                self._cond.notify_all()
+            self._wake_all()
             await asyncio.gather(*self._workers, return_exceptions=True)
         for executor in self._executors:
             executor.shutdown(wait=True)
+
+
+def _timed_execute(instance: Model, requests: list[InferRequest]) -> tuple[list, int]:
+    """The model's results (or its exception for every request) and how long the call took."""
+    start = time.perf_counter_ns()
+    try:
+        results = instance.execute(requests)
+    except Exception as exc:  # noqa: BLE001 - the whole call failed
+        results = [exc] * len(requests)
+    return results, time.perf_counter_ns() - start
+
+
+def _queue_key(item: _Item) -> tuple[float, int]:
+    return item.key
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _as_kiln_error(model: str, exc: BaseException) -> KilnError:

@@ -49,6 +49,9 @@ def json_depth(value: Any, limit: int) -> int:
             return depth
         deepest = max(deepest, depth)
         children = item.values() if isinstance(item, dict) else item
+        kinds = set(map(type, children))  # at C speed: a tensor's flat `data` list holds no containers
+        if list not in kinds and dict not in kinds:
+            continue
         for child in children:
             if isinstance(child, (list, dict)):
                 stack.append((child, depth + 1))

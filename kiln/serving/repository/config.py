@@ -65,6 +65,8 @@ class DynamicBatching(_Frozen):
     to the largest ('pad'); padded outputs listed in `trim_outputs` are cut
     back along the same axes."""
 
+    # The longest a batch waits for more requests; it leaves earlier when waiting would gather
+    # nobody (kiln/serving/batching/wait_policy.py).
     max_queue_delay_ms: float = Field(default=0.0, ge=0, le=60_000)
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = Field(default=0, ge=0)  # 0 = unbounded

@@ -165,7 +165,7 @@ class LoadedVersion:
         labels = (self.config.name, str(self.version))
         self.inflight += 1
         self._idle.clear()
-        self.metrics.pending.labels(*labels).inc()
+        self.metrics.child(self.metrics.pending, *labels).inc()
         try:
             validate_request(request, self.config)
             yield
@@ -174,7 +174,7 @@ class LoadedVersion:
             raise
         finally:
             self.inflight -= 1
-            self.metrics.pending.labels(*labels).dec()
+            self.metrics.child(self.metrics.pending, *labels).dec()
             if self.inflight == 0:
                 self._idle.set()
         self._count(start, True, "")

@@ -217,3 +217,62 @@ def test_bad_request_type_error_is_reported_not_raised():
             await batcher.submit(InferRequest("m", {"IN": np.array([["x"]], dtype=object)}))
         await batcher.stop()
     run(main())
+
+
+def test_closed_loop_clients_get_full_batches_without_waiting_out_the_delay():
+    # 8 clients, each sending its next request once answered: after the first round the
+    # batch leaves as soon as all 8 are in (the recent peak), not after the 10 s delay.
+    async def main():
+        batcher, models, _ = make(max_batch_size=64, max_queue_delay_ms=10_000)
+
+        async def client(i):
+            for _ in range(3):
+                await batcher.submit(req([[i]]))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(8)))
+        elapsed = time.perf_counter() - start
+        await batcher.stop()
+        return elapsed, models[0].batches
+    elapsed, batches = run(main())
+    assert batches == [8, 8, 8]
+    assert elapsed < 5
+
+
+def test_one_client_in_a_loop_stops_paying_the_delay_after_a_fruitless_wait():
+    # Waits happen for requests 1, 3 and 6 (skips of 1 then 2 batches after each fruitless wait).
+    async def main():
+        batcher, _, _ = make(max_batch_size=64, max_queue_delay_ms=300)
+        waited = []
+        for i in range(8):
+            start = time.perf_counter()
+            await batcher.submit(req([[i]]))
+            waited.append(time.perf_counter() - start >= 0.25)
+        await batcher.stop()
+        return waited
+    assert run(main()) == [True, False, True, False, False, True, False, False]
+
+
+def test_a_fast_model_runs_on_the_event_loop_thread_after_its_first_call():
+    import threading
+
+    class Recorder(Doubler):
+        def run(self, inputs):
+            self.threads.append(threading.get_ident())
+            return super().run(inputs)
+
+    async def main(delay):
+        batcher, models, _ = make(off=True)
+        model = Recorder(delay)
+        model.threads = []
+        model.load(LoadContext(batcher.config, 1, None))
+        batcher.instances[0] = model
+        for i in range(3):
+            await batcher.submit(req([[i]]))
+        await batcher.stop()
+        return model.threads
+    loop_thread = threading.get_ident()  # asyncio.run runs the loop on this thread
+    fast = run(main(0.0))
+    assert fast[0] != loop_thread and fast[1:] == [loop_thread, loop_thread]
+    slow = run(main(0.2))
+    assert loop_thread not in slow
