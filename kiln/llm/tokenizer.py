@@ -15,7 +15,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from kiln.errors import ConfigError, InvalidRequestError, ModelLoadError
-from kiln.llm.models.gguf_loader import open_gguf
+from kiln.llm.models.gguf_loader import fast_gguf_reader, open_gguf
 
 
 class Tokenizer:
@@ -116,7 +116,8 @@ def _load_cached(path: Path, mtime_ns: int) -> Tokenizer:
             hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
             return Tokenizer(hf, str(path))
         if path.suffix == ".gguf":
-            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+            with fast_gguf_reader():
+                hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
             template = None if hf.chat_template else _gguf_chat_template(path)
             return Tokenizer(hf, str(path), chat_template=template)
     except ModelLoadError:

@@ -68,7 +68,8 @@ class Build:
 
     def stale_libraries(self) -> list[Path]:
         """This build's libraries in `directory` compiled from anything else (and the unfingerprinted name)."""
-        found = [*self.directory.glob(f"_kiln_kernels_{self.name}-*.so"), self.directory / f"_kiln_kernels_{self.name}.so"]
+        unfingerprinted = self.directory / f"_kiln_kernels_{self.name}.so"
+        found = [*self.directory.glob(f"_kiln_kernels_{self.name}-*.so"), unfingerprinted]
         current = self.library
         return sorted(p for p in found if p.exists() and p != current and ".tmp." not in p.name)
 
