@@ -149,21 +149,15 @@ def breakdown(llm) -> dict[str, int]:
 
 
 def resident_bytes(tensor) -> int:
-    """RSS of the memory mappings that hold `tensor` (its own mapping: the CPU KV pool's), from smaps;
-    the tensor's size where it shares a mapping with others."""
-    start = tensor.data_ptr()
-    size = tensor.numel() * tensor.element_size()
-    current = None
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
-        if head:
-            lo, hi = int(head.group(1), 16), int(head.group(2), 16)
-            current = (lo, hi) if lo <= start < hi else None
-        elif current and line.startswith("Rss:"):
-            if current[1] - current[0] > 2 * size + 2**21:
-                return size  # shared with other allocations: cannot tell
-            return int(line.split()[1]) * 1024
-    return size
+    """Bytes of `tensor`'s pages that are in memory (present bits of /proc/self/pagemap)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = tensor.data_ptr() // page
+    end = -(-(tensor.data_ptr() + tensor.numel() * tensor.element_size()) // page)
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(start * 8)
+        entries = f.read((end - start) * 8)
+    present = sum(1 for i in range(7, len(entries), 8) if entries[i] & 0x80)
+    return present * page
 
 
 def checkpoints_alive() -> int:

@@ -80,11 +80,11 @@ def fast_gguf_reader() -> Iterator[None]:
     (Memory and start-up of the engine))."""
     with _reader_swap:
         stock = gguf.GGUFReader
-        gguf.GGUFReader = _FastGGUFReader
+        gguf.GGUFReader = _FastGGUFReader  # type: ignore[misc]
         try:
             yield
         finally:
-            gguf.GGUFReader = stock
+            gguf.GGUFReader = stock  # type: ignore[misc]
 
 
 def open_gguf(path: Path) -> GGUFReader:
