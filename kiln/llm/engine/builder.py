@@ -171,13 +171,13 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     require_device(config.model.device)  # before the (slow) checkpoint load
     if checkpoint is None:
         path = resolve_model_path(config)
-        progress.begin(f"reading {path}")
+        progress.begin("reading the checkpoint", path)
         checkpoint = load_checkpoint(path)
     keeps_int4 = bool(checkpoint.quantized) and config.model.quantization != "float"
     config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights), keeps_int4)
     torch.manual_seed(config.model.seed)
     max_model_len = decide_max_model_len(checkpoint, config)
-    progress.begin("building the model (weights to the serving layout, packing, fusing)")
+    progress.begin("building the model", "(weights to the serving layout, packing, fusing)")
     model = build_model(checkpoint, config, max_model_len)
     progress.begin("allocating the KV pool")
     num_blocks = decide_num_blocks(model, config, max_model_len)

@@ -13,16 +13,16 @@ class Progress:
         self.phases: list[tuple[str, float]] = []  # (phase, seconds), in order
         self._current: tuple[str, float] | None = None
 
-    def begin(self, phase: str) -> None:
-        """Ends the current phase and starts `phase` (logged as "loading: <phase> ...")."""
+    def begin(self, phase: str, detail: str = "") -> None:
+        """Ends the current phase and starts `phase` (logged as "loading: <phase> <detail> ...")."""
         self.end()
-        self.log.info("loading: %s ...", phase)
+        self.log.info("loading: %s ...", f"{phase} {detail}" if detail else phase)
         self._current = (phase, time.perf_counter())
 
     def end(self) -> None:
         if self._current is not None:
             phase, began = self._current
-            self.phases.append((phase.split(" (")[0], time.perf_counter() - began))
+            self.phases.append((phase, time.perf_counter() - began))
             self._current = None
 
     def total(self) -> float:
