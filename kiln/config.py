@@ -84,12 +84,19 @@ class ModelConfig:
 
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+MAX_KV_FRACTION = 0.9  # the rest of the process (activations, the API side) needs some
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = option(16, "tokens per KV-cache block", BLOCK_SIZES)
-    kv_cache_memory_gib: float = option(1.0, "memory budget of the paged KV pool, GiB")
+    kv_cache_memory_gib: float | None = option(
+        None, "memory budget of the paged KV pool, GiB (default: set by kv_cache_memory_fraction)"
+    )
+    kv_cache_memory_fraction: float = option(
+        0.1, "without kv_cache_memory_gib: the KV pool takes this fraction of the memory available once the "
+        "weights are loaded (CPU: MemAvailable within the cgroup limit; CUDA: the device's free memory)",
+    )
     num_blocks: int | None = option(None, "KV blocks to allocate (overrides kv_cache_memory_gib)")
     enable_prefix_caching: bool = option(True, "reuse KV blocks of identical prompt prefixes")
     # A 16-bit pool halves the bytes decode attention reads (keys and values
@@ -105,8 +112,13 @@ class CacheConfig:
             )
         if self.block_size not in BLOCK_SIZES:
             raise ConfigError("block_size must be a power of two up to 128", param="block_size")
-        if self.kv_cache_memory_gib <= 0:
+        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError("kv_cache_memory_gib must be positive", param="kv_cache_memory_gib")
+        if not 0 < self.kv_cache_memory_fraction <= MAX_KV_FRACTION:
+            raise ConfigError(
+                f"kv_cache_memory_fraction must be in (0, {MAX_KV_FRACTION}], got {self.kv_cache_memory_fraction}",
+                param="kv_cache_memory_fraction",
+            )
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ConfigError("num_blocks must be positive", param="num_blocks")
 

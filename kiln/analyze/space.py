@@ -202,7 +202,9 @@ def llm_space(base_options: dict[str, Any]) -> SearchSpace:
         Param("max_num_seqs", (8, 16, 32, 64, 128, 256), True, "most requests running at once"),
         Param("max_num_batched_tokens", (256, 512, 1024, 2048, 4096), True, "token budget of one engine step"),
         Param("enable_chunked_prefill", (True, False), False, "split long prompts over several steps"),
-        Param("kv_cache_memory_gib", (0.25, 0.5, 1.0, 2.0, 4.0), True, "memory of the paged KV pool, GiB"),
+        # Unset (None: a fraction of available memory) is no point on the GiB line: then every value is tried.
+        Param("kv_cache_memory_gib", (0.25, 0.5, 1.0, 2.0, 4.0), engine.cache.kv_cache_memory_gib is not None,
+              "memory of the paged KV pool, GiB"),
         Param("kv_cache_dtype", kv_dtypes, False, "what the KV pool stores"),
         Param("quantization", (None, "int8", "int4"), False, "weight-only quantization"),
         Param("spec_method", (None, "ngram"), False, "speculative decoding (prompt-lookup drafts)"),

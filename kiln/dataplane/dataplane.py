@@ -458,7 +458,9 @@ class DataPlane:
             served = model.served if isinstance(model, LLMModel) else None
             info = served.engine.info if served is not None and served.engine is not None else None
             if info is not None:
-                memory[(name, str(loaded.version))] = {"weights": info.weights_bytes, "kv_cache": info.kv_cache_bytes}
+                memory[(name, str(loaded.version))] = {
+                    "weights": info.weights_bytes, "packed": info.packed_bytes, "kv_cache": info.kv_cache_bytes,
+                }
         return memory
 
     def loads(self) -> dict[str, list[SourceLoad]]:

@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import logging
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import transformers
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from kiln.errors import ConfigError, InvalidRequestError, ModelLoadError
-from kiln.llm.models.gguf_loader import open_gguf
+from kiln.llm.models.gguf_loader import fast_gguf_reader, open_gguf
+
+log = logging.getLogger(__name__)
 
 
 class Tokenizer:
@@ -116,14 +123,56 @@ def _load_cached(path: Path, mtime_ns: int) -> Tokenizer:
             hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
             return Tokenizer(hf, str(path))
         if path.suffix == ".gguf":
-            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-            template = None if hf.chat_template else _gguf_chat_template(path)
-            return Tokenizer(hf, str(path), chat_template=template)
+            return Tokenizer(gguf_tokenizer(path), str(path))
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
         raise ModelLoadError(f"cannot load tokenizer from {path}: {e}") from e
     raise ModelLoadError(f"cannot load tokenizer from {path}: expected a model directory or a .gguf file")
+
+
+def gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The HF tokenizer a GGUF file's metadata describes. Building it parses the
+    whole header and converts the vocabulary (seconds), so the result is saved
+    once per file (path, size, mtime) and transformers version in the user's
+    cache (`tokenizer_cache_dir`) and read from there afterwards."""
+    cache = tokenizer_cache_dir(path)
+    if cache is not None and (cache / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("ignoring the cached tokenizer %s (%s); converting %s again", cache, e, path)
+    with fast_gguf_reader():
+        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    if not hf.chat_template:
+        hf.chat_template = _gguf_chat_template(path)
+    if cache is not None:
+        _save_atomically(hf, cache)
+    return hf
+
+
+def tokenizer_cache_dir(path: Path) -> Path | None:
+    """Where the tokenizer converted from GGUF file `path` is cached, or None
+    (KILN_TOKENIZER_CACHE=0)."""
+    if os.environ.get("KILN_TOKENIZER_CACHE", "1") == "0":
+        return None
+    stat = path.stat()
+    key = f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{transformers.__version__}"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "kiln" / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _save_atomically(hf: PreTrainedTokenizerBase, cache: Path) -> None:
+    """Save into a temporary sibling, then rename: a reader sees all of it or nothing.
+    A cache that cannot be written is logged and skipped."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:
+            hf.save_pretrained(tmp)
+            os.replace(tmp, cache)
+            Path(tmp).mkdir()  # for TemporaryDirectory's clean-up
+    except OSError as e:
+        log.info("tokenizer not cached in %s: %s", cache, e)
 
 
 def _gguf_chat_template(path: Path) -> str | None:

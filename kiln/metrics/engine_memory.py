@@ -1,5 +1,6 @@
-"""Memory an LLM engine reports it holds, by kind (weights with their packed
-copies, KV pool).
+"""Memory an LLM engine reports it holds, by kind: weights (in the serving
+layout), packed (oneDNN copies of weights kept for prefill), kv_cache (the
+paged pool).
 
 Read from what the engine reports once it is ready; a kind it does not
 report (0) is left out. Activation memory is not reported: the engine runs
@@ -23,7 +24,7 @@ class EngineMemoryCollector(Collector):
 
     def collect(self) -> Iterator:
         family = GaugeMetricFamily(
-            "kiln:model_memory_bytes", "Memory an LLM engine holds, by kind (weights, kv_cache).",
+            "kiln:model_memory_bytes", "Memory an LLM engine holds, by kind (weights, packed, kv_cache).",
             labels=["model", "version", "kind"],
         )
         for (model, version), kinds in sorted(self.source().items()):

@@ -11,7 +11,10 @@ from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.device import require_device
 from kiln.llm.engine.core import EngineCore
+from kiln.llm.engine.heap import trim_heap
+from kiln.llm.engine.kv_sizing import MemoryReader, blocks_for, kv_pool_bytes
 from kiln.llm.engine.loop import memory_bytes
+from kiln.llm.engine.progress import Progress
 from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
@@ -77,12 +80,16 @@ def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:
     return wanted
 
 
-def decide_num_blocks(model: LlamaModel, config: EngineConfig, max_model_len: int) -> int:
+def decide_num_blocks(
+    model: LlamaModel, config: EngineConfig, max_model_len: int, available: MemoryReader | None = None
+) -> int:
+    """`num_blocks` if set, else as many as the pool's budget holds (kv_sizing;
+    `available`: reads free memory, injectable for tests)."""
     cache = config.cache
     if cache.num_blocks is not None:
         return cache.num_blocks
     per_block = kv_bytes_per_block(model, cache.block_size, kv_dtype(config))
-    return max(1, int(cache.kv_cache_memory_gib * 2**30) // per_block)
+    return blocks_for(kv_pool_bytes(cache, torch.device(config.model.device), available), per_block)
 
 
 def build_proposer(
@@ -137,7 +144,7 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
     max_model_len = decide_max_model_len(checkpoint, config)
     cache = config.cache
     per_block = kv_bytes_per_block_per_rank(checkpoint.arch, config)
-    num_blocks = cache.num_blocks or max(1, int(cache.kv_cache_memory_gib * 2**30) // per_block)
+    num_blocks = cache.num_blocks or blocks_for(kv_pool_bytes(cache, torch.device(config.model.device)), per_block)
     max_model_len = min(max_model_len, num_blocks * cache.block_size)
     # The model path travels to the workers in the config, resolved here.
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, model=path))
@@ -154,16 +161,24 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
 
 
 def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None) -> tuple[EngineCore, Checkpoint]:
+    """The engine core, and its checkpoint's description without weights (the model holds
+    them now, in its own layout): a checkpoint read here is released before this returns;
+    one the caller passed in stays the caller's."""
     if config.parallel.world_size > 1:
         return build_parallel_engine_core(config, checkpoint)
-    started = time.perf_counter()
+    progress = Progress(log)
     require_device(config.model.device)  # before the (slow) checkpoint load
-    checkpoint = checkpoint or load_checkpoint(resolve_model_path(config))
+    if checkpoint is None:
+        path = resolve_model_path(config)
+        progress.begin("reading the checkpoint", path)
+        checkpoint = load_checkpoint(path)
     keeps_int4 = bool(checkpoint.quantized) and config.model.quantization != "float"
     config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights), keeps_int4)
     torch.manual_seed(config.model.seed)
     max_model_len = decide_max_model_len(checkpoint, config)
+    progress.begin("building the model", "(weights to the serving layout, packing, fusing)")
     model = build_model(checkpoint, config, max_model_len)
+    progress.begin("allocating the KV pool")
     num_blocks = decide_num_blocks(model, config, max_model_len)
     # A request may never need more blocks than exist, or it could wait forever.
     pool_tokens = num_blocks * config.cache.block_size
@@ -172,15 +187,21 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
         model, num_blocks, config.cache.block_size, torch.device(config.model.device), config.model.seed,
         kv_dtype(config),
     )
+    progress.begin("finishing the engine")
     runner.proposer = build_proposer(config, checkpoint, runner, num_blocks, max_model_len)
     runner.cuda_graphs = build_cuda_graphs(runner, config, max_model_len)
     core = EngineCore(config, runner, num_blocks, max_model_len)
     core.structured = structured_outputs(checkpoint)
+    described = checkpoint.without_weights()
+    del checkpoint  # the last reference when read here: its tensors go now
+    trim_heap()
+    progress.end()
     memory = memory_bytes(runner)
     log.info(
-        "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs; memory: weights %.2f GiB "
-        "(with packed prefill copies), KV pool %.2f GiB",
-        checkpoint.source, config.model.dtype, num_blocks, config.cache.block_size, max_model_len,
-        time.perf_counter() - started, memory["weights_bytes"] / 2**30, memory["kv_cache_bytes"] / 2**30,
+        "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs (%s); memory: weights %.2f GiB, "
+        "packed copies %.2f GiB, KV pool %.2f GiB",
+        described.source, config.model.dtype, num_blocks, config.cache.block_size, max_model_len,
+        progress.total(), progress.summary(), memory["weights_bytes"] / 2**30, memory["packed_bytes"] / 2**30,
+        memory["kv_cache_bytes"] / 2**30,
     )
-    return core, checkpoint
+    return core, described

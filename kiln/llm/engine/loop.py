@@ -127,16 +127,22 @@ def ready_message(core: EngineCore, checkpoint: Checkpoint) -> Ready:
 
 
 def memory_bytes(runner: object) -> dict[str, int]:
-    """Bytes of the model's weights (parameters, buffers, and the packed copies
-    kept for prefill) and of the KV pool, for a single-process runner; nothing
-    for a parallel one (its ranks hold shards)."""
+    """Bytes of the model's weights in their serving layout (parameters and
+    buffers, a tied tensor once), of the oneDNN copies kept for prefill
+    (`packed`), and of the KV pool, for a single-process runner; nothing for
+    a parallel one (its ranks hold shards)."""
     model, caches = getattr(runner, "model", None), getattr(runner, "kv_caches", None)
     if model is None or caches is None:
         return {}
     packed = [p for m in model.modules() if (p := getattr(m, "packed", None)) is not None]
     head = getattr(model, "lm_head_packed", None)
-    weights = [*model.parameters(), *model.buffers(), *packed, *([head] if head is not None else [])]
     return {
-        "weights_bytes": sum(t.numel() * t.element_size() for t in weights),
-        "kv_cache_bytes": sum(t.numel() * t.element_size() for t in caches),
+        "weights_bytes": _bytes([*model.parameters(), *model.buffers()]),
+        "packed_bytes": _bytes([*packed, *([head] if head is not None else [])]),
+        "kv_cache_bytes": _bytes(caches),
     }
+
+
+def _bytes(tensors: list) -> int:
+    unique = {id(t): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())

@@ -108,7 +108,8 @@ class Ready(msgspec.Struct, tag="ready"):
     # Stop tokens of the checkpoint (config.json, generation_config.json, GGUF eos/eot) beyond the tokenizer's.
     eos_token_ids: list[int] = []
     # Memory this process holds (0: not known, e.g. with tensor/pipeline parallelism).
-    weights_bytes: int = 0
+    weights_bytes: int = 0  # in the serving layout
+    packed_bytes: int = 0  # oneDNN copies of weights kept for prefill
     kv_cache_bytes: int = 0
     dtype: str = ""  # the model's dtype, as chosen (`--dtype auto` resolved)
 

@@ -9,7 +9,12 @@ Two builds (isa.py says which one a CPU loads), compiled in parallel:
                                   bf16 dot products (`vdpbf16ps`)
 
 Every build the compiler can produce is built, whatever this CPU runs (an
-image built here may run elsewhere). Needs a C++20 compiler; without one,
+image built here may run elsewhere). A library's file name carries a
+fingerprint of what it was compiled from (`fingerprint`: the sources and
+headers, the flags, the torch version), so a library left by older sources
+is never loaded (its ops would take other arguments and fail at the first
+call): it is not found, the current one is compiled on first use, and `make`
+removes the stale files. Needs a C++20 compiler; without one,
 or on a CPU without AVX2/FMA, nothing is built and Kiln runs on PyTorch's
 own kernels. A compile error is reported and the exit status is 1; at run
 time Kiln then loads the best build that exists, or none. The libraries are
@@ -27,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -58,7 +64,26 @@ class Build:
 
     @property
     def library(self) -> Path:
-        return self.directory / f"_kiln_kernels_{self.name}.so"
+        return self.directory / f"_kiln_kernels_{self.name}-{fingerprint(self)}.so"
+
+    def stale_libraries(self) -> list[Path]:
+        """This build's libraries in `directory` compiled from anything else (and the unfingerprinted name)."""
+        unfingerprinted = self.directory / f"_kiln_kernels_{self.name}.so"
+        found = [*self.directory.glob(f"_kiln_kernels_{self.name}-*.so"), unfingerprinted]
+        current = self.library
+        return sorted(p for p in found if p.exists() and p != current and ".tmp." not in p.name)
+
+
+def fingerprint(build: Build) -> str:
+    """12 hex digits of SHA-256 over what the library is compiled from: each
+    source and every header beside the sources (name and bytes), the flags,
+    and the torch version (the ops link against torch's ABI)."""
+    digest = hashlib.sha256()
+    headers = {h for s in build.sources for h in s.parent.glob("*.h")}
+    for path in sorted(build.sources) + sorted(headers):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(" ".join(build.flags).encode() + b"\0" + torch.__version__.encode())
+    return digest.hexdigest()[:12]
 
 
 AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")
@@ -85,11 +110,17 @@ def cache_directory() -> Path:
 
 
 def find_library(name: str) -> Path | None:
-    """Build `name`'s library: beside this file (`make`), else from an earlier first-use build."""
+    """Build `name`'s library compiled from the current sources: beside this
+    file (`make`), else from an earlier first-use build. Stale ones (other
+    sources, flags or torch) are logged and never returned."""
     for directory in (HERE, cache_directory()):
-        path = dataclasses.replace(BUILDS[name], directory=directory).library
-        if path.exists():
-            return path
+        located = dataclasses.replace(BUILDS[name], directory=directory)
+        if located.library.exists():
+            return located.library
+    for directory in (HERE, cache_directory()):
+        for stale in dataclasses.replace(BUILDS[name], directory=directory).stale_libraries():
+            log.warning("kiln kernels: %s was compiled from other kernel sources or another torch; not loaded",
+                        stale)
     return None
 
 
@@ -133,6 +164,8 @@ def build_on_first_use(name: str) -> Path | None:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp_dir:
             status = build_all([wanted], Path(tmp_dir))
+    for stale in wanted.stale_libraries():
+        stale.unlink(missing_ok=True)  # a process that loaded it keeps its mapping
     if status != 0 or not wanted.library.exists():
         log.error("kiln kernels: compiling %s failed (compiler output above); running on PyTorch's kernels",
                   wanted.library.name)
@@ -194,6 +227,9 @@ def build() -> int:
         print("kiln kernels: no C++ compiler found; skipped (PyTorch kernels will be used)")
         return 0
     LEGACY_LIBRARY.unlink(missing_ok=True)
+    for build_ in BUILDS.values():
+        for stale in build_.stale_libraries():
+            stale.unlink()
     with tempfile.TemporaryDirectory() as tmp_dir:
         return build_all(list(BUILDS.values()), Path(tmp_dir))
 

@@ -9,6 +9,7 @@ whatever the file format was, so model code has one naming scheme per family.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -32,6 +33,11 @@ class Checkpoint:
     source: str
     # HF names -> projections kept in their stored quantized form (absent from `weights`).
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+
+    def without_weights(self) -> Checkpoint:
+        """This checkpoint's description (arch, tokenizer, source) without its tensors:
+        what an engine keeps once its model holds the weights in its own layout."""
+        return dataclasses.replace(self, weights={}, quantized={})
 
     def dequantized_weights(self) -> dict[str, torch.Tensor]:
         """Every weight as a float tensor (quantized projections dequantized)."""

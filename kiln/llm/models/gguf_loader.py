@@ -17,12 +17,14 @@ import contextlib
 import logging
 import re
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import torch
 from gguf import GGUFReader
@@ -65,6 +67,24 @@ class _FastGGUFReader(GGUFReader):
         if order == "I" or (order == "<" and sys.byteorder == "little"):
             return arr  # already native order: skip a second view
         return arr.view(arr.dtype.newbyteorder(order))
+
+
+_reader_swap = threading.Lock()
+
+
+@contextlib.contextmanager
+def fast_gguf_reader() -> Iterator[None]:
+    """`gguf.GGUFReader` is _FastGGUFReader inside the block, for code that
+    imports it by name when called (transformers' GGUF tokenizer loading parses
+    the whole header with it: seconds on a big vocabulary; see docs/benchmarks.md
+    (Memory and start-up of the engine))."""
+    with _reader_swap:
+        stock = gguf.GGUFReader
+        gguf.GGUFReader = _FastGGUFReader  # type: ignore[misc]
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = stock  # type: ignore[misc]
 
 
 def open_gguf(path: Path) -> GGUFReader:

@@ -144,7 +144,8 @@ class LlamaModel(nn.Module):
         # a quantized copy of lm_head that computes the logits instead of it,
         self.logits_head: nn.Module | None = None
         # lm_head's oneDNN copy for steps with many sampled rows (see docs/benchmarks.md
-        # (Where a 64-row decode step goes; 16-bit KV pool, huge pages, LM head)),
+        # (Where a 64-row decode step goes; 16-bit KV pool, huge pages, LM head)); the
+        # float head stays too: the embedding lookup (tied) and steps of few rows read it,
         self.lm_head_packed: torch.Tensor | None = None
         # each layer's tensors for decode-only steps in one kernel call per layer.
         self.fused_layers: list[fused_decode.FusedLayer] | None = None

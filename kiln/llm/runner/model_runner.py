@@ -9,6 +9,7 @@ from kiln.config import EngineConfig
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.request import Request
 from kiln.llm.runner.inputs import ModelInputs, build_inputs
+from kiln.llm.runner.kv_pool import kv_pool_tensor
 from kiln.llm.runner.prompt_outputs import Pooler, prompt_logprobs, wants_prompt_outputs
 from kiln.llm.sampling.sampler import Sampler
 from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
@@ -48,7 +49,7 @@ class ModelRunner:
         # One pool tensor per layer: [k|v, slot, kv_head, head_dim]; slot =
         # block_id * block_size + offset.
         self.kv_caches = [
-            torch.zeros(2, num_blocks * block_size, a.num_kv_heads, a.head_dim, dtype=dtype, device=device)
+            kv_pool_tensor((2, num_blocks * block_size, a.num_kv_heads, a.head_dim), dtype, device)
             for _ in range(a.num_layers)
         ]
         self.sampler = Sampler(device, seed)

@@ -26,6 +26,7 @@ from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.registry import build_model
 from kiln.llm.request import Request
 from kiln.llm.runner.inputs import build_inputs
+from kiln.llm.runner.kv_pool import kv_pool_tensor
 from kiln.llm.sampling.sampler import Sampler, needs_processing
 from kiln.llm.scheduler.output import ScheduledChunk
 from kiln.llm.spec_decode.proposer import Proposer
@@ -60,7 +61,7 @@ class DraftModelProposer(Proposer):
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
         a, dtype = model.arch, kv_cache_dtype or model.embed_tokens.dtype
         self.kv_caches = [
-            torch.zeros(2, num_blocks * block_size, a.num_kv_heads, a.head_dim, dtype=dtype, device=device)
+            kv_pool_tensor((2, num_blocks * block_size, a.num_kv_heads, a.head_dim), dtype, device)
             for _ in range(a.num_layers)
         ]
         self.shadows: dict[str, Request] = {}

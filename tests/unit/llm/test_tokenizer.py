@@ -1,6 +1,8 @@
 """kiln Tokenizer over the SmolLM2 tokenizer (from GGUF and from a HF dir)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kiln.errors import InvalidRequestError, ModelLoadError
@@ -95,3 +97,30 @@ def test_directory_without_tokenizer(tmp_path):
     with pytest.raises(ModelLoadError) as e:
         load_tokenizer(tmp_path)
     assert str(tmp_path) in str(e.value)
+
+
+def test_a_gguf_tokenizer_is_converted_once_and_read_from_the_cache(smollm2_path, tmp_path, monkeypatch):
+    from kiln.llm import tokenizer as tokenizer_module
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = tokenizer_module.tokenizer_cache_dir(Path(smollm2_path))
+    assert cache is not None and cache.parent == tmp_path / "kiln" / "tokenizers" and not cache.exists()
+    converted = tokenizer_module.gguf_tokenizer(Path(smollm2_path))
+    assert (cache / "tokenizer.json").is_file()
+    cached = tokenizer_module.gguf_tokenizer(Path(smollm2_path))  # read back from the cache
+    text = "Hello <|im_start|>world ünï 123\n"
+    assert cached.encode(text) == converted.encode(text) and len(cached) == len(converted)
+    assert cached.chat_template == converted.chat_template and cached.eos_token_id == converted.eos_token_id
+    monkeypatch.setenv("KILN_TOKENIZER_CACHE", "0")
+    assert tokenizer_module.tokenizer_cache_dir(Path(smollm2_path)) is None
+
+
+def test_the_fast_reader_stands_in_for_ggufs_only_inside_the_block():
+    import gguf
+
+    from kiln.llm.models.gguf_loader import _FastGGUFReader, fast_gguf_reader
+
+    stock = gguf.GGUFReader
+    with fast_gguf_reader():
+        assert gguf.GGUFReader is _FastGGUFReader
+    assert gguf.GGUFReader is stock

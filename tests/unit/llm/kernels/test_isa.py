@@ -133,10 +133,10 @@ def test_kiln_isa_changes_the_loaded_library_and_the_bf16_kernel():
     default, log = probe(None)
     assert default == {"level": isa.cpu_isa().detected, "library": "avx512_bf16", "dots": True,
                        "same_as_widen": False}  # vdpbf16ps sums pairs: other bits than fp32 FMAs
-    assert "forced by KILN_ISA: no" in log and "loaded _kiln_kernels_avx512_bf16.so" in log
+    assert "forced by KILN_ISA: no" in log and "loaded _kiln_kernels_avx512_bf16-" in log
     forced, log = probe("avx2")
     assert forced == {"level": "avx2", "library": "avx2", "dots": False, "same_as_widen": True}
-    assert "ISA avx2 (forced by KILN_ISA: yes" in log and "loaded _kiln_kernels_avx2.so" in log
+    assert "ISA avx2 (forced by KILN_ISA: yes" in log and "loaded _kiln_kernels_avx2-" in log
 
 
 @pytest.mark.skipif(isa.cpu_isa().detected == "amx", reason="the CPU has AMX: nothing above it to refuse")
