@@ -261,18 +261,20 @@ def test_a_fast_model_runs_on_the_event_loop_thread_after_its_first_call():
             self.threads.append(threading.get_ident())
             return super().run(inputs)
 
-    async def main(delay):
+    async def main(delay, calls):
         batcher, models, _ = make(off=True)
         model = Recorder(delay)
         model.threads = []
         model.load(LoadContext(batcher.config, 1, None))
         batcher.instances[0] = model
-        for i in range(3):
+        for i in range(calls):
             await batcher.submit(req([[i]]))
         await batcher.stop()
         return model.threads
     loop_thread = threading.get_ident()  # asyncio.run runs the loop on this thread
-    fast = run(main(0.0))
-    assert fast[0] != loop_thread and fast[1:] == [loop_thread, loop_thread]
-    slow = run(main(0.2))
+    # A cold first call can take milliseconds on a busy machine; the average then
+    # needs a few fast calls to fall under the budget, so the tail is checked.
+    fast = run(main(0.0, 30))
+    assert fast[0] != loop_thread and fast[-5:] == [loop_thread] * 5
+    slow = run(main(0.2, 3))
     assert loop_thread not in slow
