@@ -195,8 +195,10 @@ def kiln_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
         max_num_seqs=args.max_num_seqs,
         kv_cache_memory_gib=args.kv_gib,
         kv_cache_dtype=args.kiln_kv_cache_dtype,
+        quantization=None if args.kiln_quantization == "stored" else args.kiln_quantization,
     )
-    res: dict = {"engine": "kiln", "dtype": dtype, "engine_start_s": time.perf_counter() - t0}
+    res: dict = {"engine": "kiln", "dtype": dtype, "quantization": args.kiln_quantization}
+    res["engine_start_s"] = time.perf_counter() - t0
     items = wl["items"]
 
     def gen(ids: list[int], n: int) -> int:
@@ -447,6 +449,7 @@ def make_server(args, name: str, dtype: str, out_dir: Path) -> Server:
             "warning",
             "--kv-cache-dtype",
             args.kiln_kv_cache_dtype,
+            *([] if args.kiln_quantization == "stored" else ["--quantization", args.kiln_quantization]),
         ]
         if not args.prefix_caching:
             cmd.append("--no-enable-prefix-caching")
@@ -801,6 +804,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--kv-gib", type=float, default=2.0)
     ap.add_argument("--kiln-kv-cache-dtype", default="auto", help="Kiln's KV pool dtype (auto = the model's)")
+    ap.add_argument(
+        "--kiln-quantization", default="float", choices=["float", "stored", "int8", "int4"],
+        help="Kiln's weights: float (default: the GGUF dequantized, the same weights as vLLM's HF export), "
+        "stored (the GGUF's Q4_1 projections kept as int4: `kiln serve` without --quantization), or int8/int4 "
+        "(Kiln's own weight-only quantization of the float weights)",
+    )
     ap.add_argument("--vllm-enforce-eager", action="store_true", help="vLLM without torch.compile (faster start)")
     ap.add_argument("--no-preload", action="store_true", help="no tcmalloc/iomp LD_PRELOAD for vLLM")
     ap.add_argument("--kiln-port", type=int, default=8300)
