@@ -19,7 +19,7 @@ from kiln.errors import InvalidRequestError
 from kiln.frontends.openai.tools.parsers import KilnJsonStream, NamedStream, ToolStream, make_stream
 from kiln.frontends.openai.tools.protocol import NamedToolChoice, Tool, ToolFields
 from kiln.llm.structured.spec import GrammarSpec
-from kiln.llm.structured.validate import check_json_schema
+from kiln.llm.structured.validate import check_enforceable, check_json_schema
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -55,8 +55,11 @@ def plan_tools(req: ToolFields, parser: str) -> ToolPlan:
                 f"tool_choice names function {choice.function.name!r}, which is not among the tools ({names})",
                 param="tool_choice",
             )
+        check_enforceable(tool.function.parameters, f"tools[{names.index(tool.function.name)}].function.parameters")
         spec = GrammarSpec("json", json.dumps(tool.function.parameters or ANY_OBJECT))
         return ToolPlan(tools, spec, lambda: NamedStream(tool.function.name), False)
+    for i, given in enumerate(tools):  # "required": every tool's arguments go through the grammar
+        check_enforceable(given.function.parameters, f"tools[{i}].function.parameters")
     return ToolPlan(tools, required_grammar(tools, req.parallel_tool_calls), KilnJsonStream, req.parallel_tool_calls)
 
 
