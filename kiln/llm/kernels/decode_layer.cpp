@@ -19,11 +19,18 @@
 // dims of a head only (Phi-4-mini; 0: all), a sliding window (Mistral, Phi-3).
 // (kiln/llm/models/fused_decode.py passes bias, q/k norms and partial rope
 // for fp32 models only.)
+//
+// `decode_attention` is the same layer up to and including add_rms_norm, and
+// returns (h, x) there: a mixture-of-experts layer (Mixtral, Qwen3-MoE) runs
+// its MLP in Python between the calls (x + moe(h), as LlamaLayer.forward).
+// decode_layer is decode_attention followed by the dense MLP, so the two
+// cannot drift apart.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "kernels.h"
@@ -37,15 +44,15 @@ at::Tensor project(const at::Tensor& x, at::TensorList w, int64_t group_size) {
   return kiln::linear_w4(x, w[0], w[1], group_size);
 }
 
-// projections: qkv, o, gate_up, down (each a list, see above); norms: input, post-attention.
-at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorList o_w, at::TensorList gate_up_w,
-                        at::TensorList down_w, int64_t group_size, const at::Tensor& input_norm,
-                        const at::Tensor& post_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
-                        const at::Tensor& kv_cache, const at::Tensor& slot_mapping, at::TensorList block_tables,
-                        at::TensorList context_lens, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
-                        int64_t head_dim, const std::optional<at::Tensor>& qkv_bias,
-                        const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
-                        int64_t rotary_dim, int64_t window) {
+// projections: qkv, o (each a list, see above); norms: input, post-attention.
+// Returns (h, x): the MLP's input and the residual stream.
+std::tuple<at::Tensor, at::Tensor> decode_attention(
+    const at::Tensor& x, at::TensorList qkv_w, at::TensorList o_w, int64_t group_size, const at::Tensor& input_norm,
+    const at::Tensor& post_norm, double eps, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& kv_cache,
+    const at::Tensor& slot_mapping, at::TensorList block_tables, at::TensorList context_lens, int64_t block_size,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, const std::optional<at::Tensor>& qkv_bias,
+    const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, int64_t rotary_dim,
+    int64_t window) {
   TORCH_CHECK(block_tables.size() == context_lens.size(), "decode_layer: one block table per decode group");
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "decode_layer: q_norm and k_norm come together");
   const int64_t T = x.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
@@ -83,7 +90,21 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorLis
     TORCH_CHECK(row == T, "decode_layer: decode groups must cover every row");
   }
   const at::Tensor o = project(attn.view({T, q_size}), o_w, group_size);
-  auto [h, residual] = kiln::add_rms_norm(o, x, post_norm, eps);
+  return kiln::add_rms_norm(o, x, post_norm, eps);
+}
+
+// decode_attention's arguments with the MLP's projections (gate_up, down) after o.
+at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorList o_w, at::TensorList gate_up_w,
+                        at::TensorList down_w, int64_t group_size, const at::Tensor& input_norm,
+                        const at::Tensor& post_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& kv_cache, const at::Tensor& slot_mapping, at::TensorList block_tables,
+                        at::TensorList context_lens, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
+                        int64_t head_dim, const std::optional<at::Tensor>& qkv_bias,
+                        const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+                        int64_t rotary_dim, int64_t window) {
+  auto [h, residual] = decode_attention(x, qkv_w, o_w, group_size, input_norm, post_norm, eps, cos, sin, kv_cache,
+                                        slot_mapping, block_tables, context_lens, block_size, num_heads,
+                                        num_kv_heads, head_dim, qkv_bias, q_norm, k_norm, rotary_dim, window);
   return residual + project(kiln::silu_mul(project(h, gate_up_w, group_size)), down_w, group_size);
 }
 
@@ -96,5 +117,14 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "Tensor slot_mapping, Tensor[] block_tables, Tensor[] context_lens, int block_size, int num_heads, "
       "int num_kv_heads, int head_dim, Tensor? qkv_bias=None, Tensor? q_norm=None, Tensor? k_norm=None, "
       "int rotary_dim=0, int window=0) -> Tensor");
+  m.def(
+      "decode_attention(Tensor x, Tensor[] qkv_w, Tensor[] o_w, int group_size, Tensor input_norm, "
+      "Tensor post_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) kv_cache, Tensor slot_mapping, "
+      "Tensor[] block_tables, Tensor[] context_lens, int block_size, int num_heads, int num_kv_heads, "
+      "int head_dim, Tensor? qkv_bias=None, Tensor? q_norm=None, Tensor? k_norm=None, int rotary_dim=0, "
+      "int window=0) -> (Tensor, Tensor)");
 }
-TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("decode_layer", decode_layer); }
+TORCH_LIBRARY_IMPL(kiln, CPU, m) {
+  m.impl("decode_layer", decode_layer);
+  m.impl("decode_attention", decode_attention);
+}

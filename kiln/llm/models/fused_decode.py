@@ -18,9 +18,11 @@ Families whose layer is Llama's with q/k/v biases (Qwen2), q/k norms
 (Qwen3), partial rotary (Phi-4-mini) or a sliding window (Mistral, Phi-3)
 pass those to the kernel too (fp32 models; a bf16 model with biases, q/k
 norms or partial rotary takes the module path: the kernel's bf16 rounding of
-those is not checked against the module path's); Gemma and
-mixture-of-experts layers do not qualify (their layers are not
-LlamaLayer/LlamaMLP).
+those is not checked against the module path's). A mixture-of-experts layer
+(Mixtral, Qwen3-MoE: a SparseMoeBlock MLP) runs its attention half through
+`kiln::decode_attention` (the same kernel up to the post-attention norm,
+returning (h, x)) and its MoE block in Python: x + moe(h), as
+LlamaLayer.forward. Gemma's layers do not qualify (not LlamaLayer).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from kiln.llm.quant.int8 import Int8Linear
 class FusedLayer:
     qkv: list[torch.Tensor]
     o: list[torch.Tensor]
-    gate_up: list[torch.Tensor]
+    gate_up: list[torch.Tensor]  # empty when `moe` is set
     down: list[torch.Tensor]
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -52,6 +54,7 @@ class FusedLayer:
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     window: int = 0  # sliding window (0: none)
+    moe: nn.Module | None = None  # the layer's MoE block, run in Python on decode_attention's h
 
 
 def supported(arch: ModelArch, embed_tokens: torch.Tensor) -> bool:
@@ -81,14 +84,16 @@ def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torc
 
 
 def fused_layer(
-    qkv: nn.Module, o: nn.Module, gate_up: nn.Module, down: nn.Module, input_norm: torch.Tensor,
+    qkv: nn.Module, o: nn.Module, mlp: tuple[nn.Module, nn.Module] | nn.Module, input_norm: torch.Tensor,
     post_norm: torch.Tensor,
 ) -> FusedLayer | None:
     """One layer's kernel arguments, or None if a projection is of a kind the kernel
-    does not take (the model's dtype is the norms')."""
+    does not take (the model's dtype is the norms'). `mlp`: the dense MLP's
+    (gate_up, down) projections, or a MoE block (any module: it runs as is)."""
+    modules, moe = ((qkv, o, *mlp), None) if isinstance(mlp, tuple) else ((qkv, o), mlp)
     tensors: list[list[torch.Tensor]] = []
     groups: set[int] = set()
-    for module in (qkv, o, gate_up, down):
+    for module in modules:
         found = projection_tensors(module, input_norm.dtype)
         if found is None:
             return None
@@ -97,8 +102,8 @@ def fused_layer(
     groups.discard(0)
     if len(groups) > 1:
         return None
-    qkv_t, o_t, gate_up_t, down_t = tensors
-    return FusedLayer(qkv_t, o_t, gate_up_t, down_t, input_norm, post_norm, groups.pop() if groups else 0)
+    qkv_t, o_t, gate_up_t, down_t = tensors if moe is None else [*tensors, [], []]
+    return FusedLayer(qkv_t, o_t, gate_up_t, down_t, input_norm, post_norm, groups.pop() if groups else 0, moe=moe)
 
 
 def with_extras(
@@ -130,9 +135,14 @@ def run(
     cos, sin = rope
     rotary_dim = a.rotary_dim or 0
     for f, kv_cache in zip(layers, kv_caches, strict=False):
-        x = torch.ops.kiln.decode_layer(
-            x, f.qkv, f.o, f.gate_up, f.down, f.group_size, f.input_norm, f.post_norm,
-            a.rms_norm_eps, cos, sin, kv_cache, meta.slot_mapping, tables, lens, meta.block_size,
-            a.num_heads, a.num_kv_heads, a.head_dim, f.qkv_bias, f.q_norm, f.k_norm, rotary_dim, f.window,
+        rest = (
+            f.group_size, f.input_norm, f.post_norm, a.rms_norm_eps, cos, sin, kv_cache, meta.slot_mapping,
+            tables, lens, meta.block_size, a.num_heads, a.num_kv_heads, a.head_dim, f.qkv_bias, f.q_norm,
+            f.k_norm, rotary_dim, f.window,
         )
+        if f.moe is None:
+            x = torch.ops.kiln.decode_layer(x, f.qkv, f.o, f.gate_up, f.down, *rest)
+        else:
+            h, x = torch.ops.kiln.decode_attention(x, f.qkv, f.o, *rest)
+            x = x + f.moe(h)
     return x

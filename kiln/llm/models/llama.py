@@ -230,23 +230,27 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
     def gather_fused_layers(self) -> list[fused_decode.FusedLayer] | None:
-        """Each layer's tensors for kiln::decode_layer, or None where it does not
-        apply (see fused_decode). Call on the finished model: the lists alias
-        the current weights."""
+        """Each layer's tensors for kiln::decode_layer (a MoE layer: kiln::decode_attention
+        and its MoE block), or None where it does not apply (see fused_decode).
+        Call on the finished model: the lists alias the current weights."""
         if not fused_decode.supported(self.arch, self.embed_tokens):
             return None
         layers = []
         for layer in self.decoder_layers:
             attn, mlp = layer.self_attn, layer.mlp
-            plain = (
-                type(layer) is LlamaLayer and type(attn) is LlamaAttention and type(mlp) is LlamaMLP
-                and type(attn.backend) is TorchPagedAttention and mlp.hidden_act == "silu"
-            )
-            if not (plain and isinstance(mlp, LlamaMLP)):  # isinstance: for mypy, `plain` has checked it
+            if not (type(layer) is LlamaLayer and type(attn) is LlamaAttention
+                    and type(attn.backend) is TorchPagedAttention):
+                return None
+            # A dense MLP's projections go to the kernel; a MoE block runs as a module after it.
+            part: tuple[nn.Module, nn.Module] | nn.Module
+            if type(mlp) is LlamaMLP and isinstance(mlp, LlamaMLP) and mlp.hidden_act == "silu":  # isinstance: mypy
+                part = (mlp.gate_up_proj, mlp.down_proj)
+            elif type(mlp) is SparseMoeBlock:
+                part = mlp
+            else:
                 return None
             fused = fused_decode.fused_layer(
-                attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj,
-                layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                attn.qkv_proj, attn.o_proj, part, layer.input_layernorm.weight, layer.post_attention_layernorm.weight
             )
             if fused is None:
                 return None

@@ -6,8 +6,9 @@ HF `MixtralForCausalLM` (experts as block_sparse_moe.experts.N.w1/w2/w3);
 GGUF: llama.cpp writes Mixtral as `llama` with `expert_count` and the
 experts stacked (ffn_gate_exps, ffn_up_exps, ffn_down_exps); the llama
 family reads those files into this family. Kernels: norms, rotary, paged
-attention, SwiGLU and the linear kernels (per expert, over its rows); not
-the fused decode layer.
+attention, SwiGLU and the linear kernels (per expert, over its rows); decode
+steps run each layer's attention half in one call (kiln::decode_attention,
+see fused_decode.py) and the MoE block in Python.
 """
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 module path it replaces: the same kernels in the same order, so hidden
 states and the KV pool must be bit-identical, for fp32, int8, int4 and
 bf16 models, one or several decode groups; and it stays out of steps it
-does not cover."""
+does not cover. Mixture-of-experts layers (Mixtral, Qwen3-MoE) fuse their
+attention half only (kiln::decode_attention) and run the MoE block between
+calls: bit-identical too."""
 import dataclasses
 
 import pytest
@@ -13,8 +15,9 @@ from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.kernels.ops import packed_min_rows
 from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 from kiln.llm.models import fused_decode
-from kiln.llm.models.arch import LlamaArch
+from kiln.llm.models.arch import LlamaArch, MoEShape
 from kiln.llm.models.llama import LlamaModel
+from kiln.llm.models.moe import SparseMoeBlock
 from kiln.llm.runner.inputs import decode_group
 
 pytestmark = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
@@ -24,12 +27,16 @@ ARCH = LlamaArch(
     head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256,
     tie_word_embeddings=True, rope_scaling=None, bos_token_id=1, eos_token_ids=(2,),
 )
+# Layer 1 dense (as Qwen3-MoE's mlp_only_layers), 0 and 2 sparse.
+MOE_ARCH = dataclasses.replace(
+    ARCH, moe=MoEShape(num_experts=4, top_k=2, intermediate_size=96, renormalize=True, dense_layers=(1,))
+)
 BLOCK, BLOCKS_PER_SEQ = 16, 7
 
 
-def model_in(mode: str) -> LlamaModel:
+def model_in(mode: str, arch: LlamaArch = ARCH) -> LlamaModel:
     torch.manual_seed(0)
-    model = LlamaModel(ARCH, max_positions=256)
+    model = LlamaModel(arch, max_positions=256)
     for name, p in model.named_parameters():
         p.data.fill_(1.0) if "layernorm" in name or name == "norm.weight" else p.data.normal_(0, 0.05)
     quantization = {"fp32": None, "bf16": None, "int8": "int8", "int4": "int4"}[mode]
@@ -69,6 +76,29 @@ def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch)
     with torch.inference_mode():
         fused = model(ids, positions, fused_pool, meta)
         model.fused_layers, layers = None, model.fused_layers
+        reference = model(ids, positions, pool, meta)
+    assert torch.equal(fused, reference)
+    assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool, strict=True))
+    model.fused_layers = layers
+
+
+@pytest.mark.parametrize(
+    "mode,qk_norm",
+    [("fp32", False), ("int8", False), ("int4", False), ("bf16", False),  # Mixtral's layer
+     ("fp32", True), ("int8", True)],  # Qwen3-MoE's (q/k norms: fp32 models only)
+)
+@pytest.mark.parametrize("batch", [1, 5, 20])  # 1: the MoE block's one-token path; 20: two decode groups
+def test_moe_layers_fuse_their_attention_bit_identically(mode, qk_norm, batch):
+    model = model_in(mode, dataclasses.replace(MOE_ARCH, qk_norm=qk_norm))
+    layers = model.fused_layers
+    assert layers is not None and [f.moe is not None for f in layers] == [True, False, True]
+    assert all(type(f.moe) is SparseMoeBlock for f in (layers[0], layers[2]))
+    assert layers[0].gate_up == [] and (layers[0].q_norm is not None) == qk_norm
+    ids, positions, pool, meta = decode_step(batch, model.embed_tokens.dtype)
+    fused_pool = [p.clone() for p in pool]
+    with torch.inference_mode():
+        fused = model(ids, positions, fused_pool, meta)
+        model.fused_layers = None
         reference = model(ids, positions, pool, meta)
     assert torch.equal(fused, reference)
     assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool, strict=True))

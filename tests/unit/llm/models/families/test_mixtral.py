@@ -22,6 +22,7 @@ def test_prompt_logits_match_transformers(ref):
     llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.05)
     moe = llm.engine.arch.moe
     assert moe is not None and (moe.num_experts, moe.top_k, moe.renormalize) == (4, 2, True)
+    assert llm.engine.core.runner.model.fused_layers is not None  # decode: attention fused, MoE block between
     tiny.check_prompt_logits(llm, ref, atol=1e-4)
 
 

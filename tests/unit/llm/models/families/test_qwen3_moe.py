@@ -24,6 +24,8 @@ def test_prompt_logits_match_transformers(ref):
     llm = LLM(str(ref.directory), dtype="float32", kv_cache_memory_gib=0.05)
     layers = llm.engine.core.runner.model.layers
     assert isinstance(layers[0].mlp, SparseMoeBlock) and type(layers[1].mlp) is LlamaMLP
+    fused = llm.engine.core.runner.model.fused_layers  # decode: attention fused, MoE block between
+    assert fused is not None and [f.moe is not None for f in fused[:2]] == [True, False]
     tiny.check_prompt_logits(llm, ref, atol=1e-4)
 
 
