@@ -58,6 +58,11 @@ from tests.integration.llm.structured_schemas import SCHEMAS  # noqa: E402
 MASK_PCT = 99
 
 
+def token_allowed(bitmask: Any, token: int) -> bool:
+    """Bit `token` of row 0 of a packed int32 bitmask (the layout both engines fill)."""
+    return bool((int(bitmask[0, token >> 5]) >> (token & 31)) & 1)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -226,7 +231,7 @@ class XGrammar:
         m.fill_next_token_bitmask(self.bitmask, 0)
 
     def allowed(self, token: int) -> bool:
-        return bool((int(self.bitmask[0, token >> 5]) >> (token & 31)) & 1)
+        return token_allowed(self.bitmask, token)
 
     def accept(self, m: Any, token: int) -> bool:
         return m.accept_token(token)
@@ -271,7 +276,7 @@ class LLGuidance:
         self.np_helpers.fill_next_token_bitmask(m, self.bitmask, 0)
 
     def allowed(self, token: int) -> bool:
-        return bool((int(self.bitmask[0, token >> 5]) >> (token & 31)) & 1)
+        return token_allowed(self.bitmask, token)
 
     def accept(self, m: Any, token: int) -> bool:
         return m.consume_token(token)
