@@ -21,8 +21,11 @@ norms or partial rotary takes the module path: the kernel's bf16 rounding of
 those is not checked against the module path's). A mixture-of-experts layer
 (Mixtral, Qwen3-MoE: a SparseMoeBlock MLP) runs its attention half through
 `kiln::decode_attention` (the same kernel up to the post-attention norm,
-returning (h, x)) and its MoE block in Python: x + moe(h), as
-LlamaLayer.forward. Gemma's layers do not qualify (not LlamaLayer).
+returning (h, x)), routes h in Python (SparseMoeBlock.route) and runs its
+experts through `kiln::moe_experts` (the block's grouped expert loop in one
+call, bit-identical): x + moe(h), as LlamaLayer.forward. (A block whose
+experts the kernel does not take runs as a module there.) Gemma's layers do
+not qualify (not LlamaLayer).
 """
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ from kiln.llm.attention.options import AttentionOptions
 from kiln.llm.kernels.ops import kernels_loaded, packed_min_rows
 from kiln.llm.layers.linear import Linear
 from kiln.llm.models.arch import ModelArch
+from kiln.llm.models.mlp import LlamaMLP
+from kiln.llm.models.moe import SparseMoeBlock
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
 from kiln.llm.quant.int8 import Int8Linear
 
@@ -45,7 +50,7 @@ from kiln.llm.quant.int8 import Int8Linear
 class FusedLayer:
     qkv: list[torch.Tensor]
     o: list[torch.Tensor]
-    gate_up: list[torch.Tensor]  # empty when `moe` is set
+    gate_up: list[torch.Tensor]  # a MoE layer: every expert's, in expert order (empty: the block runs as is)
     down: list[torch.Tensor]
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -54,7 +59,7 @@ class FusedLayer:
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     window: int = 0  # sliding window (0: none)
-    moe: nn.Module | None = None  # the layer's MoE block, run in Python on decode_attention's h
+    moe: SparseMoeBlock | None = None  # the layer's MoE block: routes decode_attention's h
 
 
 def supported(arch: ModelArch, embed_tokens: torch.Tensor) -> bool:
@@ -83,27 +88,39 @@ def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torc
     return None
 
 
+def _expert_projections(moe: SparseMoeBlock) -> list[nn.Module] | None:
+    """gate_up and down of every expert, in expert order, if all are SwiGLU MLPs."""
+    experts = [e for e in moe.experts if type(e) is LlamaMLP and isinstance(e, LlamaMLP) and e.hidden_act == "silu"]
+    if len(experts) != len(moe.experts):
+        return None
+    return [p for e in experts for p in (e.gate_up_proj, e.down_proj)]
+
+
 def fused_layer(
-    qkv: nn.Module, o: nn.Module, mlp: tuple[nn.Module, nn.Module] | nn.Module, input_norm: torch.Tensor,
+    qkv: nn.Module, o: nn.Module, mlp: tuple[nn.Module, nn.Module] | SparseMoeBlock, input_norm: torch.Tensor,
     post_norm: torch.Tensor,
 ) -> FusedLayer | None:
     """One layer's kernel arguments, or None if a projection is of a kind the kernel
-    does not take (the model's dtype is the norms'). `mlp`: the dense MLP's
-    (gate_up, down) projections, or a MoE block (any module: it runs as is)."""
-    modules, moe = ((qkv, o, *mlp), None) if isinstance(mlp, tuple) else ((qkv, o), mlp)
-    tensors: list[list[torch.Tensor]] = []
-    groups: set[int] = set()
-    for module in modules:
-        found = projection_tensors(module, input_norm.dtype)
-        if found is None:
-            return None
-        tensors.append(found[0])
-        groups.add(found[1])
-    groups.discard(0)
-    if len(groups) > 1:
-        return None
-    qkv_t, o_t, gate_up_t, down_t = tensors if moe is None else [*tensors, [], []]
-    return FusedLayer(qkv_t, o_t, gate_up_t, down_t, input_norm, post_norm, groups.pop() if groups else 0, moe=moe)
+    does not take (the model's dtype is the norms') or int4 group sizes differ.
+    `mlp`: the dense MLP's (gate_up, down) projections, or a MoE block (its
+    experts go to the kernel where it takes them all; else the block runs as is)."""
+    moe = None if isinstance(mlp, tuple) else mlp
+    # A MoE block with experts the kernel does not take still runs as a module after the attention half.
+    candidates = [list(mlp)] if isinstance(mlp, tuple) else [p for p in (_expert_projections(mlp), []) if p is not None]
+    for projections in candidates:
+        found = [projection_tensors(m, input_norm.dtype) for m in (qkv, o, *projections)]
+        if any(f is None for f in found):
+            continue
+        tensors = [f[0] for f in found if f is not None]
+        groups = {f[1] for f in found if f is not None} - {0}
+        if len(groups) > 1:
+            continue
+        mlp_tensors = tensors[2:]  # gate_up, down alternating (a MoE block: expert by expert)
+        gate_up = [t for pair in mlp_tensors[0::2] for t in pair]
+        down = [t for pair in mlp_tensors[1::2] for t in pair]
+        return FusedLayer(tensors[0], tensors[1], gate_up, down, input_norm, post_norm, groups.pop() if groups else 0,
+                          moe=moe)
+    return None
 
 
 def with_extras(
@@ -144,5 +161,11 @@ def run(
             x = torch.ops.kiln.decode_layer(x, f.qkv, f.o, f.gate_up, f.down, *rest)
         else:
             h, x = torch.ops.kiln.decode_attention(x, f.qkv, f.o, *rest)
-            x = x + f.moe(h)
+            x = x + (moe_experts(f.moe, f, h) if f.gate_up else f.moe(h))
     return x
+
+
+def moe_experts(moe: SparseMoeBlock, layer: FusedLayer, h: torch.Tensor) -> torch.Tensor:
+    """moe(h) with the routing in Python and the experts in `kiln::moe_experts`."""
+    ids, weights = moe.route(h)
+    return torch.ops.kiln.moe_experts(h, ids, weights, layer.gate_up, layer.down, len(moe.experts), layer.group_size)

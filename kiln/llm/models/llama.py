@@ -241,8 +241,8 @@ class LlamaModel(nn.Module):
             if not (type(layer) is LlamaLayer and type(attn) is LlamaAttention
                     and type(attn.backend) is TorchPagedAttention):
                 return None
-            # A dense MLP's projections go to the kernel; a MoE block runs as a module after it.
-            part: tuple[nn.Module, nn.Module] | nn.Module
+            # A dense MLP's projections go to the kernel; a MoE block's experts to kiln::moe_experts.
+            part: tuple[nn.Module, nn.Module] | SparseMoeBlock
             if type(mlp) is LlamaMLP and isinstance(mlp, LlamaMLP) and mlp.hidden_act == "silu":  # isinstance: mypy
                 part = (mlp.gate_up_proj, mlp.down_proj)
             elif type(mlp) is SparseMoeBlock:
