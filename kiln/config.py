@@ -103,6 +103,10 @@ class CacheConfig:
     # are rounded once, when written; attention still computes in the model's dtype).
     # "fp8_e4m3" (CUDA only) quarters an fp32 pool, with a per-tensor scale per layer.
     kv_cache_dtype: str = option("auto", "what the KV pool stores (auto = the model's dtype)", KV_CACHE_DTYPES)
+    profile_activations: bool = option(
+        False, "measure the largest step's activation memory at start-up (one max_num_batched_tokens prefill: "
+        "seconds on a CPU) and report it (log, /metrics kind=activations_peak)",
+    )
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

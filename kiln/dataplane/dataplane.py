@@ -460,6 +460,7 @@ class DataPlane:
             if info is not None:
                 memory[(name, str(loaded.version))] = {
                     "weights": info.weights_bytes, "packed": info.packed_bytes, "kv_cache": info.kv_cache_bytes,
+                    "activations_peak": info.activations_peak_bytes,
                 }
         return memory
 

@@ -1,10 +1,10 @@
 """Memory an LLM engine reports it holds, by kind: weights (in the serving
 layout), packed (oneDNN copies of weights kept for prefill), kv_cache (the
-paged pool).
+paged pool), activations_peak (the largest step's activations at their
+peak, measured once at start-up: kiln/llm/runner/activation_profile.py).
 
 Read from what the engine reports once it is ready; a kind it does not
-report (0) is left out. Activation memory is not reported: the engine runs
-no profiling pass that would measure it.
+report (0) is left out.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ class EngineMemoryCollector(Collector):
 
     def collect(self) -> Iterator:
         family = GaugeMetricFamily(
-            "kiln:model_memory_bytes", "Memory an LLM engine holds, by kind (weights, packed, kv_cache).",
+            "kiln:model_memory_bytes",
+            "Memory an LLM engine holds, by kind (weights, packed, kv_cache, activations_peak).",
             labels=["model", "version", "kind"],
         )
         for (model, version), kinds in sorted(self.source().items()):

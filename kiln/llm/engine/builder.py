@@ -25,6 +25,7 @@ from kiln.llm.parallel.executor import ParallelRunner
 from kiln.llm.parallel.layout import check_splittable
 from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
 from kiln.llm.parallel.weights import DictReader, open_weights
+from kiln.llm.runner.activation_profile import measure_activation_peak
 from kiln.llm.runner.cuda_graphs import build_cuda_graphs
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model
@@ -187,6 +188,12 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
         model, num_blocks, config.cache.block_size, torch.device(config.model.device), config.model.seed,
         kv_dtype(config),
     )
+    if config.cache.profile_activations:
+        progress.begin("measuring the largest step's activations")
+        runner.activations_peak_bytes = measure_activation_peak(
+            model, min(config.scheduler.max_num_batched_tokens, max_model_len), config.scheduler.max_num_seqs,
+            config.cache.block_size, runner.device,
+        )
     progress.begin("finishing the engine")
     runner.proposer = build_proposer(config, checkpoint, runner, num_blocks, max_model_len)
     runner.cuda_graphs = build_cuda_graphs(runner, config, max_model_len)
@@ -199,9 +206,11 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     memory = memory_bytes(runner)
     log.info(
         "engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d, %.1fs (%s); memory: weights %.2f GiB, "
-        "packed copies %.2f GiB, KV pool %.2f GiB",
+        "packed copies %.2f GiB, KV pool %.2f GiB, activations peak %s",
         described.source, config.model.dtype, num_blocks, config.cache.block_size, max_model_len,
         progress.total(), progress.summary(), memory["weights_bytes"] / 2**30, memory["packed_bytes"] / 2**30,
         memory["kv_cache_bytes"] / 2**30,
+        f"{memory['activations_peak_bytes'] / 2**20:.0f} MiB" if memory["activations_peak_bytes"] else
+        "not measured (--profile-activations)",
     )
     return core, described

@@ -129,8 +129,9 @@ def ready_message(core: EngineCore, checkpoint: Checkpoint) -> Ready:
 def memory_bytes(runner: object) -> dict[str, int]:
     """Bytes of the model's weights in their serving layout (parameters and
     buffers, a tied tensor once), of the oneDNN copies kept for prefill
-    (`packed`), and of the KV pool, for a single-process runner; nothing for
-    a parallel one (its ranks hold shards)."""
+    (`packed`), of the KV pool and of the largest step's activations at
+    their peak (measured at start-up; 0 if not), for a single-process runner;
+    nothing for a parallel one (its ranks hold shards)."""
     model, caches = getattr(runner, "model", None), getattr(runner, "kv_caches", None)
     if model is None or caches is None:
         return {}
@@ -140,6 +141,7 @@ def memory_bytes(runner: object) -> dict[str, int]:
         "weights_bytes": _bytes([*model.parameters(), *model.buffers()]),
         "packed_bytes": _bytes([*packed, *([head] if head is not None else [])]),
         "kv_cache_bytes": _bytes(caches),
+        "activations_peak_bytes": getattr(runner, "activations_peak_bytes", None) or 0,
     }
 
 

@@ -56,6 +56,7 @@ class ModelRunner:
         self.proposer: Proposer | None = None  # set when speculative decoding is on
         self.cuda_graphs: CudaGraphRunner | None = None  # decode graphs, set by the builder on CUDA
         self.pooler = Pooler()
+        self.activations_peak_bytes: int | None = None  # of the largest step, measured by the builder
 
     @property
     def supports_prompt_outputs(self) -> bool:

@@ -17,7 +17,8 @@ EXACT = {"ignore_eos": True}  # random weights may sample EOS at any time
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, tmp_path_factory):
     with kiln_server(
-        tiny_llama_dir, "--num-blocks", "256", "--served-model-name", "tiny", tmp_dir=tmp_path_factory.mktemp("openai")
+        tiny_llama_dir, "--num-blocks", "256", "--served-model-name", "tiny", "--profile-activations",
+        tmp_dir=tmp_path_factory.mktemp("openai"),
     ) as s:
         yield s
 
@@ -150,3 +151,9 @@ def test_errors_come_back_as_openai_errors(client):
     assert "temperature" in str(e.value)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x", max_tokens=5)
+
+
+def test_profile_activations_reports_the_peak_on_metrics(server):
+    peak = server.metric("kiln:model_memory_bytes", model="tiny", kind="activations_peak")
+    # At least the largest step's logits were live: max_num_seqs (128) rows of the 49,152-token vocab, fp32.
+    assert peak >= 128 * 49152 * 4

@@ -1,6 +1,7 @@
 """What an engine reports of its memory when ready: weights in the serving
 layout, the packed prefill copies and the KV pool, exactly (a tied tensor
-once); nothing for a parallel runner."""
+once), and the activation peak the builder measured (0: not measured);
+nothing for a parallel runner."""
 
 from types import SimpleNamespace
 
@@ -17,9 +18,13 @@ def test_single_process_runner_reports_weights_packed_copies_and_kv_pool():
     model[0].packed = torch.zeros(32)  # a prefill copy: 128 bytes
     model.lm_head_packed = torch.zeros(8, dtype=torch.bfloat16)  # the LM head's: 16 bytes
     runner = SimpleNamespace(model=model, kv_caches=[torch.zeros(2, 16, 2, 4) for _ in range(3)])
-    assert memory_bytes(runner) == {
+    expected = {
         "weights_bytes": 40 * 4 + 20, "packed_bytes": 128 + 16, "kv_cache_bytes": 3 * 2 * 16 * 2 * 4 * 4,
+        "activations_peak_bytes": 0,
     }
+    assert memory_bytes(runner) == expected
+    runner.activations_peak_bytes = 5 << 20
+    assert memory_bytes(runner) == {**expected, "activations_peak_bytes": 5 << 20}
 
 
 def test_parallel_runner_reports_nothing():
