@@ -52,7 +52,7 @@ from kiln.llm.kernels import isa
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-COMMON_SOURCES = ("linear_f32.cpp", "paged_attention.cpp", "layer_ops.cpp", "decode_layer.cpp")
+COMMON_SOURCES = ("linear_f32.cpp", "paged_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "dequant_w4.cpp")
 
 
 @dataclass(frozen=True)

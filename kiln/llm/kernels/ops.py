@@ -166,6 +166,14 @@ def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, gro
     return torch.ops.kiln.linear_w4(x, codes, scale_min, group_size)
 
 
+def dequantize_w4(codes: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor | None:
+    """The fp32 [N, K] weight of int4-group codes (linear_w4's layout), widened as
+    the kernel widens it (one FMA per weight), or None without the library."""
+    if not kernels_loaded() or codes.device.type != "cpu":
+        return None
+    return torch.ops.kiln.dequantize_w4(codes, scale_min, group_size)
+
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16)
 

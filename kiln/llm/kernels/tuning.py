@@ -13,6 +13,12 @@ LINEAR_MAX_ROWS = 192
 # of Kiln's kernel; also the largest decode step the fused decode layer takes. Re-tune: bench/linear_f32.py.
 PACKED_MIN_ROWS = 32
 
+# Rows above which an int4 Linear (Kiln's CPU format) widens its weight to fp32 (kiln::dequantize_w4), packs
+# it and runs oneDNN instead of the int4 kernel, whose fp32 widening per weight and row is compute-bound.
+# SmolLM2's four int4 shapes summed, one thread, Zen 3: kernel / widened 0.69x at 64 rows, 1.08x at 128,
+# 1.37x at 256, 1.9x at 512-1024. Re-tune: bench/int4_prefill.py.
+INT4_DEQUANT_MIN_ROWS = 128
+
 # Decode rows attended as one padded batch: bigger groups pad more keys, smaller ones make more calls.
 # Re-tune: bench/decode_step.py (B running requests of mixed context length).
 DECODE_GROUP_SIZE = 16

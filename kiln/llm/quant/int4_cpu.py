@@ -18,9 +18,12 @@ the fp16-rounded grid, so the error per weight stays within half a step
 (plus fp16 rounding of the min).
 
 Activations stay float32: the kernel widens the codes in registers and
-dequantizes with one FMA. Where the kernel does not apply (library absent,
-another device) forward dequantizes and runs F.linear, so results agree
-within float rounding.
+dequantizes with one FMA. That is compute-bound, so inputs of more than
+INT4_DEQUANT_MIN_ROWS rows (prefill chunks) widen the weight once per call
+into memory (kiln::dequantize_w4, the same FMA), pack it and run oneDNN,
+as fp32 Linears do above their row limit. Where the kernel does not apply
+(library absent, another device) forward dequantizes and runs F.linear, so
+results agree within float rounding.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kiln.llm.kernels.ops import kernels_loaded, linear_w4
+from kiln.llm.kernels.ops import dequantize_w4, kernels_loaded, linear_packed, linear_w4, pack_linear_weight
+from kiln.llm.kernels.tuning import INT4_DEQUANT_MIN_ROWS
 from kiln.llm.quant.base import QuantizedLinear
 
 RUN = 64  # weights per 32-byte run of codes
@@ -104,10 +108,19 @@ class Int4CpuLinear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).float()
-        y = linear_w4(x2, self.codes, self.scale_min, self.group_size)
+        y = self._widened(x2) if x2.shape[0] > INT4_DEQUANT_MIN_ROWS else None
+        if y is None:
+            y = linear_w4(x2, self.codes, self.scale_min, self.group_size)
         if y is None:
             y = F.linear(x2, self.dequantized_weight().to(x2.device))
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def _widened(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x @ W^T through oneDNN on W widened to fp32 for this call (prefill-sized x;
+        a row's result does not depend on the other rows), or None where that is unavailable."""
+        weight = dequantize_w4(self.codes, self.scale_min, self.group_size) if x.device.type == "cpu" else None
+        packed = pack_linear_weight(weight) if weight is not None else None
+        return linear_packed(x, packed) if packed is not None else None
 
     def extra_repr(self) -> str:
         return (

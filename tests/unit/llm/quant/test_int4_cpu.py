@@ -57,7 +57,8 @@ def test_kernel_matches_f_linear_on_the_dequantized_weight(rows, group_size):
     ref = F.linear(x.double(), layer.dequantized_weight().double()).float()
     assert y is not None and y.shape == (rows, 301)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-    torch.testing.assert_close(layer(x), y, rtol=0, atol=0)
+    if rows <= int4_cpu.INT4_DEQUANT_MIN_ROWS:  # above: the widened weight (next tests)
+        torch.testing.assert_close(layer(x), y, rtol=0, atol=0)
 
 
 @needs_kernels
@@ -136,3 +137,35 @@ def test_in_a_bf16_model_the_kernel_is_fp32_rounded_once_and_row_independent():
     assert fp32 is not None and torch.equal(full, fp32.bfloat16())
     for rows in (slice(32, 37), slice(36, 37), slice(0, 1)):
         assert torch.equal(layer(x[rows]), full[rows])
+
+
+@needs_kernels
+@pytest.mark.parametrize("params", [torch.float16, torch.float32])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_widened_weight_is_the_one_the_kernel_multiplies_by(params, group_size):
+    layer = Int4CpuLinear.from_float(weight(40, 256), group_size)
+    scale_min = layer.scale_min.to(params)
+    widened = ops.dequantize_w4(layer.codes, scale_min, group_size)
+    # x = I: every output is one weight times 1 plus zeros, exact whatever the order.
+    through_kernel = ops.linear_w4(torch.eye(256), layer.codes, scale_min, group_size)
+    assert widened is not None and through_kernel is not None and torch.equal(widened, through_kernel.T)
+    torch.testing.assert_close(widened, layer.dequantized_weight(), rtol=0, atol=1e-7)
+    with pytest.raises(RuntimeError, match="group_size"):
+        torch.ops.kiln.dequantize_w4(layer.codes, scale_min, 48)
+
+
+@needs_kernels
+def test_prefill_sized_inputs_take_the_widened_weight_row_independently(monkeypatch):
+    layer = Int4CpuLinear.from_float(weight(), 64)
+    rows = int4_cpu.INT4_DEQUANT_MIN_ROWS + 40
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(1))
+    widened = []
+    real = int4_cpu.linear_packed
+    monkeypatch.setattr(int4_cpu, "linear_packed", lambda a, p: widened.append(a.shape[0]) or real(a, p))
+    y = layer(x)
+    ref = F.linear(x.double(), layer.dequantized_weight().double()).float()
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    assert torch.equal(layer(x[: rows - 7]), y[: rows - 7])  # a row's result does not depend on the others
+    assert widened == [rows, rows - 7]
+    layer(x[: int4_cpu.INT4_DEQUANT_MIN_ROWS])
+    assert widened == [rows, rows - 7]  # up to the limit: the int4 kernel

@@ -1,0 +1,96 @@
+"""int4 prefill: the int4 kernel against widening the weight to fp32 and
+running oneDNN (what Int4CpuLinear does above INT4_DEQUANT_MIN_ROWS rows),
+per row count, on the default model's (SmolLM2-135M Q4_1) int4 Linears;
+then whole prompts through the engine, kept int4 against `--quantization
+float`.
+
+Per row count M: the median over --repeats of one call of each path on
+every int4 Linear shape of the model, summed over the shapes (one layer's
+worth); the two paths alternate. Then prefill tok/s of --prompt-tokens
+random tokens (max_tokens 1), the two engines alternating.
+
+    PYTHONPATH=. .venv/bin/python bench/int4_prefill.py [--threads 1] [--rows 64,128,256,512,1024]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from kiln import LLM, SamplingParams
+from kiln.llm.kernels import ops
+from kiln.llm.quant.int4_cpu import Int4CpuLinear
+
+
+def timed(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def widened(layer: Int4CpuLinear, x: torch.Tensor) -> torch.Tensor:
+    weight = ops.dequantize_w4(layer.codes, layer.scale_min, layer.group_size)
+    packed = ops.pack_linear_weight(weight) if weight is not None else None
+    if packed is None:
+        raise SystemExit("kernels or oneDNN unavailable")
+    return ops.linear_packed(x, packed)
+
+
+def layer_shapes(llm: LLM) -> list[Int4CpuLinear]:
+    """One Int4CpuLinear of each shape in the model."""
+    found: dict[tuple[int, int], Int4CpuLinear] = {}
+    for module in llm.engine.core.runner.model.modules():
+        if isinstance(module, Int4CpuLinear):
+            found.setdefault((module.out_features, module.in_features), module)
+    return list(found.values())
+
+
+def prefill_rate(llm: LLM, tokens: int, g: torch.Generator) -> float:
+    prompt = torch.randint(100, 40000, (tokens,), generator=g).tolist()
+    start = time.perf_counter()
+    llm.generate([prompt], [SamplingParams(max_tokens=1, temperature=0.0)])
+    return tokens / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rows", default="64,128,256,512,1024")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompt-tokens", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    stored = LLM(kv_cache_memory_gib=0.25)
+    layers = layer_shapes(stored)
+    if not layers:
+        raise SystemExit("no int4 Linear in the default model (kernels not loaded?)")
+    g = torch.Generator().manual_seed(0)
+    print(f"threads={args.threads}  shapes={[(m.out_features, m.in_features) for m in layers]}")
+    print("rows  int4 kernel ms  widened+oneDNN ms  kernel/widened")
+    for rows in (int(r) for r in args.rows.split(",")):
+        xs = [torch.randn(rows, m.in_features, generator=g) for m in layers]
+        kernel = sum(timed(lambda m=m, x=x: ops.linear_w4(x, m.codes, m.scale_min, m.group_size), args.repeats)
+                     for m, x in zip(layers, xs, strict=True))
+        wide = sum(timed(lambda m=m, x=x: widened(m, x), args.repeats) for m, x in zip(layers, xs, strict=True))
+        print(f"{rows:4d}  {kernel * 1e3:14.2f}  {wide * 1e3:17.2f}  {kernel / wide:14.2f}x", flush=True)
+    floats = LLM(quantization="float", kv_cache_memory_gib=0.25)
+    for llm in (stored, floats):
+        prefill_rate(llm, 64, g)
+    rates: dict[str, list[float]] = {"kept int4": [], "float": []}
+    for _ in range(args.rounds):
+        for name, llm in (("kept int4", stored), ("float", floats)):
+            rates[name].append(prefill_rate(llm, args.prompt_tokens, g))
+    for name, values in rates.items():
+        print(f"prefill {args.prompt_tokens} tokens, {name}: {statistics.median(values):.0f} tok/s "
+              f"({', '.join(f'{v:.0f}' for v in values)})")
+
+
+if __name__ == "__main__":
+    main()

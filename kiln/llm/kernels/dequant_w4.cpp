@@ -1,0 +1,80 @@
+// int4 group-wise weights (linear_f32.cpp's Int4Problem layout) widened to
+// fp32 [N, K] in memory, for prefill-sized inputs: there a GEMM on the
+// widened weight (oneDNN, 2-2.5x the int4 kernel's rate at 512-1000 rows)
+// pays for widening every weight once per call, which torch ops did at ~10x
+// this function's cost (docs/benchmarks.md, "int4 prefill").
+//
+// w = fma(q, scale, min) lane by lane, the operation the int4 kernel applies
+// in registers, so the widened weight is the one the kernel multiplies by.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace {
+
+// (scale, min) of group g of a row as floats.
+template <typename P>
+inline void group_params(const P* p, float& scale, float& min) {
+  if constexpr (std::is_same_v<P, float>) {
+    scale = p[0], min = p[1];
+  } else {
+    scale = static_cast<float>(c10::Half(p[0], c10::Half::from_bits()));
+    min = static_cast<float>(c10::Half(p[1], c10::Half::from_bits()));
+  }
+}
+
+// One row: runs of 64 weights as eight 32-bit words, word j holding weight
+// 8s + j of the run in bits 4s .. 4s+3, so nibble s of all eight words is
+// weights 8s .. 8s+7: one shift, one mask, one convert, one FMA, one store.
+template <typename P>
+void widen_row(const uint8_t* codes, const P* params, float* out, int64_t K, int64_t G) {
+  const __m256i low4 = _mm256_set1_epi32(0x0F);
+  for (int64_t b = 0; b < K; b += 64) {
+    const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b / 2));
+    for (int s = 0; s < 8; ++s) {
+      float scale, min;
+      group_params(params + ((b + 8 * s) / G) * 2, scale, min);
+      const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(words, _mm256_set1_epi32(4 * s)), low4);
+      const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale), _mm256_set1_ps(min));
+      _mm256_storeu_ps(out + b + 8 * s, w);
+    }
+  }
+}
+
+template <typename P>
+void widen(const at::Tensor& codes, const P* params, at::Tensor& out, int64_t G) {
+  const int64_t N = codes.size(0), K = codes.size(1) * 2, groups = K / G;
+  const uint8_t* c = codes.const_data_ptr<uint8_t>();
+  float* o = out.mutable_data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) widen_row(c + n * (K / 2), params + n * groups * 2, o + n * K, K, G);
+  });
+}
+
+// codes uint8 [N, K/2], scale_min fp16 or fp32 [N, K/G, 2] -> fp32 [N, K].
+at::Tensor dequantize_w4(const at::Tensor& codes_in, const at::Tensor& scale_min_in, int64_t group_size) {
+  TORCH_CHECK(codes_in.dim() == 2 && codes_in.scalar_type() == at::kByte && codes_in.device().is_cpu(),
+              "dequantize_w4: uint8 CPU codes [N, K/2] required");
+  const int64_t N = codes_in.size(0), K = codes_in.size(1) * 2;
+  TORCH_CHECK(group_size > 0 && group_size % 32 == 0 && K % group_size == 0 && K % 64 == 0,
+              "dequantize_w4: group_size must be a multiple of 32 dividing K, and K a multiple of 64");
+  const at::Tensor codes = codes_in.contiguous(), scale_min = scale_min_in.contiguous();
+  const bool fp32 = scale_min.scalar_type() == at::kFloat;
+  TORCH_CHECK((fp32 || scale_min.scalar_type() == at::kHalf) && scale_min.numel() == N * (K / group_size) * 2,
+              "dequantize_w4: fp16 or fp32 scale_min [N, K/G, 2] required");
+  at::Tensor out = at::empty({N, K}, codes.options().dtype(at::kFloat));
+  if (fp32)
+    widen(codes, scale_min.const_data_ptr<float>(), out, group_size);
+  else
+    widen(codes, reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()), out, group_size);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kiln, m) { m.def("dequantize_w4(Tensor codes, Tensor scale_min, int group_size) -> Tensor"); }
+TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("dequantize_w4", dequantize_w4); }
