@@ -159,7 +159,9 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> to
 def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor | None:
     """x [M, K] fp32 @ int4-group weights^T (codes uint8 [N, K/2], scale_min
     fp16 or fp32 [N, K/G, 2]; layout in linear_f32.cpp's Int4Problem) with
-    Kiln's kernel (activations stay fp32, any M), or None when it does not apply."""
+    Kiln's kernel (any M), or None when it does not apply. x is quantized per
+    row to int8 in groups of 32 and multiplied in integers (linear_w4a8.cpp);
+    `torch.ops.kiln.linear_w4_fp32x` is the fp32-activation kernel."""
     params_dtype = torch.float32 if scale_min.dtype == torch.float32 else torch.float16
     if not _weight_only_applies(x, codes, torch.uint8, scale_min, params_dtype):
         return None
