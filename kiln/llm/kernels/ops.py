@@ -168,6 +168,17 @@ def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, gro
     return torch.ops.kiln.linear_w4(x, codes, scale_min, group_size)
 
 
+def linear_w4_fp32x(
+    x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int
+) -> torch.Tensor | None:
+    """linear_w4 with float32 activations (codes widened in registers, two
+    FMAs per weight; slower), for exactness tests and A/B."""
+    params_dtype = torch.float32 if scale_min.dtype == torch.float32 else torch.float16
+    if not _weight_only_applies(x, codes, torch.uint8, scale_min, params_dtype):
+        return None
+    return torch.ops.kiln.linear_w4_fp32x(x, codes, scale_min, group_size)
+
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16)
 

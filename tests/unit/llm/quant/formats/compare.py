@@ -1,13 +1,19 @@
 """How the format tests compare a pre-quantized load with the float model."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
+
 import torch
 from transformers import LlamaForCausalLM
 
 from kiln.config import EngineConfig
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
 from kiln.llm.engine.builder import build_model
+from kiln.llm.kernels import ops
 from kiln.llm.models.checkpoint import Checkpoint
+from kiln.llm.quant import int4_cpu
 
 IDS = list(range(100, 132))
 # Logits against the float model, relative to their largest magnitude: the
@@ -17,6 +23,20 @@ IDS = list(range(100, 132))
 # by at most 1/254 of its row's largest), so its bound lies between: twice the
 # 0.03 that test_apply allows int8 (measured here: 0.029-0.035).
 INT4_BOUND, FP8_BOUND = 0.25, 0.06
+# Kiln's int4 kernel quantizes activations to int8 in groups of 32
+# (linear_w4a8.cpp); its logits against the same load with float32
+# activations, relative to their largest magnitude (measured here, over the
+# format tests: 0.015-0.046; this random model's logits are small and flat).
+INT8_ACTIVATIONS_BOUND = 0.08
+
+
+@contextmanager
+def fp32_activations() -> Iterator[None]:
+    """Kiln's int4 layers on the float32-activation kernel (linear_w4_fp32x):
+    then only the loaded weights and float rounding separate Kiln from
+    transformers on the dequantized weights."""
+    with mock.patch.object(int4_cpu, "linear_w4", ops.linear_w4_fp32x):
+        yield
 
 
 def hf_logits(model: LlamaForCausalLM, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -42,6 +62,17 @@ def kiln_logits(model) -> torch.Tensor:
     meta = AttentionMetadata(slot_mapping=pos, block_size=n, prefills=[PrefillSeq(0, n, n, None)])
     with torch.inference_mode():
         return model.compute_logits(model(torch.tensor(IDS), pos, kv, meta))
+
+
+def check_int4_logits(model, exact: torch.Tensor, float_logits: torch.Tensor) -> None:
+    """Kiln's logits equal `exact` (transformers on the dequantized weights) with
+    float activations, stay near them with the int8 activations it serves
+    with, and within the int4 bound of the float model's."""
+    with fp32_activations():
+        torch.testing.assert_close(kiln_logits(model), exact, rtol=0, atol=1e-4 * exact.abs().max().item())
+    out = kiln_logits(model)
+    assert relative_error(out, exact) < INT8_ACTIVATIONS_BOUND
+    assert relative_error(out, float_logits) < INT4_BOUND
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
