@@ -18,9 +18,9 @@ the fp16-rounded grid, so the error per weight stays within half a step
 (plus fp16 rounding of the min).
 
 The kernel (`linear_w4`) quantizes the activations to int8 per row in
-groups of 32 and multiplies them with the codes in integer arithmetic, the
-offset term taken from the exact sum of x (linear_w4a8.cpp); results are
-within about 1% of float activations, as linear_w8a8's. `linear_w4_fp32x`
+groups of 32 and multiplies them with the codes in integer arithmetic
+(linear_w4a8.cpp); SmolLM2's perplexity is 0.4-0.9% above that of float
+activations. `linear_w4_fp32x`
 keeps float32 activations (codes widened in registers). Where no kernel
 applies (library absent, another device) forward dequantizes and runs
 F.linear.

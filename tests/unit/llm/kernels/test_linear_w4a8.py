@@ -1,8 +1,9 @@
 """The int4 x int8-activation kernel (`linear_w4a8`, what `linear_w4` runs):
 x quantized per row in groups of 32 along K as linear_w8a8 does, exact
-integer dot products against the codes, the offset term from the exact sum
-of x. Reference: the same quantization in torch, then float64 math; only the
-fp32 scaling and summation separate them (relative ~1e-6)."""
+integer dot products against the codes and integer sums of the quantized x
+for the offset term: the weights times x as quantized. Reference: the same
+quantization in torch, then float64 math; only the fp32 scaling and
+summation separate them (relative ~1e-6)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,26 +22,22 @@ def library():
     assert ops.kernels_loaded()  # registers torch.ops.kiln.*
 
 
-def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x as the kernel multiplies it: int8 codes times their group's scale, float64 [M, K];
-    the sum of x per group of 32, float64 [M, K/32])."""
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel multiplies it: int8 codes times their group's scale, float64 [M, K]."""
     rows, k = x.shape
     groups = x.view(rows, k // XGROUP, XGROUP)
     amax = groups.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    xq = torch.round(groups * inv).double() * scale.double()
-    return xq.view(rows, k), groups.double().sum(-1)
+    return (torch.round(groups * inv).double() * scale.double()).view(rows, k)
 
 
 def reference(x: torch.Tensor, layer: Int4CpuLinear) -> torch.Tensor:
-    """sum over groups of scale * sum(q * xq) + min * sum(x), in float64."""
+    """The quantized x times the weights q * scale + min, all in float64."""
     n, k, g = layer.out_features, layer.in_features, layer.group_size
-    xq, sums = quantized_activations(x)
     q = unpack_codes(layer.codes).double().view(n, k // g, g)
     sm = layer.scale_min.double()
-    mins = sm[..., 1].repeat_interleave(g // XGROUP, dim=1)  # [N, K/32]
-    return F.linear(xq, (q * sm[..., :1]).view(n, k)) + F.linear(sums, mins)
+    return F.linear(quantized_activations(x), (q * sm[..., :1] + sm[..., 1:]).view(n, k))
 
 
 def layer_for(n: int, k: int, group_size: int, fp32_params: bool, seed: int = 0) -> Int4CpuLinear:
