@@ -8,9 +8,7 @@ from tests.integration.openai.live import kiln_server
 
 pytestmark = pytest.mark.slow
 
-# Not France: its first answer token is a near-tie even in float32 ("The" over "L" by 0.08 in
-# logits), and the int4 kernel's int8 activations pick "L'Étoile, ..." (tests/integration/llm/test_numerics.py).
-GERMANY = [{"role": "user", "content": "What is the capital of Germany?"}]
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
@@ -32,29 +30,23 @@ def client(server):
 
 
 def test_chat_template_gives_a_real_answer(client, server):
-    out = client.chat.completions.create(model="smollm2", messages=GERMANY, max_tokens=20, temperature=0)
-    assert "Berlin" in out.choices[0].message.content
+    out = client.chat.completions.create(model="smollm2", messages=FRANCE, max_tokens=20, temperature=0)
+    assert "Paris" in out.choices[0].message.content
     assert out.choices[0].finish_reason == "stop"  # the model ended its turn itself
-    tokenized = server.post("/tokenize", json={"messages": GERMANY}).json()
+    tokenized = server.post("/tokenize", json={"messages": FRANCE}).json()
     assert tokenized["count"] == out.usage.prompt_tokens
 
 
 def test_stop_string_on_real_text(client):
-    out = client.chat.completions.create(model="smollm2", messages=GERMANY, max_tokens=20, temperature=0,
-                                         stop=["Berlin"])
+    out = client.chat.completions.create(model="smollm2", messages=FRANCE, max_tokens=20, temperature=0, stop=["Paris"])
     choice = out.choices[0]
-    assert choice.finish_reason == "stop" and "Berlin" not in choice.message.content
-    assert choice.message.content.startswith("The capital of Germany is")
+    assert choice.finish_reason == "stop" and "Paris" not in choice.message.content
+    assert choice.message.content.startswith("The capital of France is")
 
 
 def test_streaming_never_splits_a_multibyte_character(client):
-    # (Asked to repeat "😀 日本語 café 😀", the int4 load now declines in plain ASCII.)
-    messages = [{"role": "user", "content": "Write a sentence with an emoji in it."}]
+    messages = [{"role": "user", "content": "Repeat exactly this text: 😀 日本語 café 😀"}]
     kw = dict(model="smollm2", messages=messages, max_tokens=30, temperature=0)
-    # The second request reuses the first's cached prompt blocks, whose attention differs from a
-    # whole prefill's in the last bits; the int4 kernel's int8 activations can grow that into another
-    # token. So the streamed answer is compared with a non-streamed one that hit the cache alike.
-    client.chat.completions.create(**kw)
     whole = client.chat.completions.create(**kw).choices[0].message.content
     pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)]
     assert "".join(pieces) == whole
