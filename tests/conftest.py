@@ -117,6 +117,14 @@ def tiny_llama3_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_llm(smollm2_path):
+    """kiln.LLM on SmolLM2, float32. Tests must leave it idle (no requests)."""
+    from kiln import LLM
+
+    return LLM(str(smollm2_path), kv_cache_memory_gib=0.5, dtype="float32")
+
+
+@pytest.fixture(scope="session")
 def make_smollm2_engine(smollm2_checkpoint):
     """Factory: a fresh kiln.LLM on SmolLM2 with the given engine options,
     sharing the already-loaded checkpoint (and the cached tokenizer)."""
