@@ -273,13 +273,16 @@ at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return ::linear_w8(x, w, scales);
 #endif
 }
-// int4 weights take int8 activations in both builds (linear_w4a8.cpp: exact
-// integer dot products, 64 multiply-adds in two instructions, instead of two
-// FMAs per weight after widening); linear_w4_fp32x is this file's
-// fp32-activation kernel, kept for exactness tests and A/B. Every M takes the
-// same kernel, so a row never sees another's arithmetic (batch invariance).
+// int4 keeps fp32 activations (linear_w4_fp32x is the same kernel by its
+// explicit name). linear_w4a8 (int8 activations, 1.6-2.4x faster on AVX2) is
+// not the default yet: a chunked prefill or a prefix-cache hit attends to
+// cached keys, which differs from a whole prefill in the last bits, and
+// quantizing activations grows that into other greedy tokens
+// (tests/integration/llm/test_batch_invariance.py's chunked case fails with
+// it). Every M takes the same kernel either way, so a row's bits do not
+// depend on the other rows.
 at::Tensor linear_w4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size) {
-  return kiln::linear_w4a8(x, codes, scale_min, group_size);
+  return ::linear_w4(x, codes, scale_min, group_size);
 }
 }  // namespace kiln
 

@@ -17,13 +17,12 @@ pre-quantized checkpoints whose parameters fp16 cannot hold exactly
 the fp16-rounded grid, so the error per weight stays within half a step
 (plus fp16 rounding of the min).
 
-The kernel (`linear_w4`) quantizes the activations to int8 per row in
-groups of 32 and multiplies them with the codes in integer arithmetic
-(linear_w4a8.cpp); SmolLM2's perplexity is 0.4-0.9% above that of float
-activations. `linear_w4_fp32x`
-keeps float32 activations (codes widened in registers). Where no kernel
-applies (library absent, another device) forward dequantizes and runs
-F.linear.
+Activations stay float32: the kernel widens the codes in registers and
+dequantizes with one FMA. (`linear_w4a8` quantizes them to int8 instead:
+faster, SmolLM2's perplexity 0.4-0.9% higher; not the default, see
+linear_f32.cpp.) Where the kernel does not apply (library absent, another
+device) forward dequantizes and runs F.linear, so results agree within
+float rounding.
 """
 from __future__ import annotations
 

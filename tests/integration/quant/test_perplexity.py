@@ -1,13 +1,12 @@
 """Perplexity of SmolLM2 on a fixed slice of Python's pydoc topics text:
 int8 within 1% of the float32 baseline, int4 within 6% (both computed here).
 The default load (quantization unset) keeps the file's Q4_1 codes 1:1 as
-Kiln's int4: its weights are the float baseline's exactly, so with float
-activations (linear_w4_fp32x) only summation order separates the two
-(within 0.1%); the int4 kernel Kiln serves with quantizes activations to
-int8 (linear_w4a8.cpp), within 1% (measured 0.7%). SmolLM2 written as GPTQ
+Kiln's int4: its weights are the float baseline's exactly, so only
+summation order separates the two (within 0.1%); with the int4 kernel's
+int8 activations (linear_w4a8) within 1% (measured 0.7%). SmolLM2 written as GPTQ
 and AWQ 4-bit checkpoints (round to nearest, groups of 32) and read by
-Kiln's readers computes with exactly their dequantized weights (with float
-activations; int8 ones: within 1%, measured 0.4%); written as
+Kiln's readers computes with exactly their dequantized weights (int8
+activations: within 1%, measured 0.4%); written as
 GGUF Q6_K blocks it stays within the int8 bound of its float weights, as
 Q4_K blocks and as FP8 (e4m3, per-channel scales: 3 mantissa bits, between
 int4 and int8 per-channel in resolution) within the int4 bound."""
@@ -26,7 +25,7 @@ from kiln.llm.eval.perplexity import perplexity
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.quant.formats.hf import split_prequantized
-from tests.unit.llm.quant.formats.compare import fp32_activations
+from tests.unit.llm.quant.formats.compare import int8_activations
 from tests.unit.llm.quant.formats.test_fp8 import compressed_tensors_config, scales_for
 from tests.unit.llm.quant.formats.writers import is_projection, pack_awq, pack_gptq, rtn_int4, write_gguf
 
@@ -54,16 +53,16 @@ def baseline(smollm2_checkpoint, ids):
     return ppl
 
 
-@pytest.mark.parametrize("method,max_ratio", [("int8", 1.01), ("int4", 1.06), (None, 1.01)])
+@pytest.mark.parametrize("method,max_ratio", [("int8", 1.01), ("int4", 1.06), (None, 1.001)])
 def test_quantized_perplexity_close_to_float(smollm2_checkpoint, ids, baseline, method, max_ratio):
     ppl = model_perplexity(smollm2_checkpoint, ids, quantization=method)
     assert abs(ppl / baseline - 1) < max_ratio - 1, f"{method}: {ppl:.4f} vs float32 {baseline:.4f}"
 
 
-def test_kept_q4_1_codes_are_the_float_weights(smollm2_checkpoint, ids, baseline):
-    with fp32_activations():
+def test_kept_q4_1_with_int8_activations_close_to_float(smollm2_checkpoint, ids, baseline):
+    with int8_activations():
         ppl = model_perplexity(smollm2_checkpoint, ids)
-    assert abs(ppl / baseline - 1) < 0.001, f"{ppl:.4f} vs float32 {baseline:.4f}"
+    assert abs(ppl / baseline - 1) < 0.01, f"{ppl:.4f} vs float32 {baseline:.4f}"
 
 
 def prequantized_checkpoint(float_checkpoint, method: str) -> Checkpoint:
@@ -87,16 +86,15 @@ def prequantized_checkpoint(float_checkpoint, method: str) -> Checkpoint:
 def test_prequantized_int4_perplexity_is_that_of_its_dequantized_weights(smollm2_checkpoint, ids, method):
     """Kept as int4 (the default), the checkpoint computes with exactly its
     dequantized weights: perplexity within 0.1% of the float load of the
-    same checkpoint with float activations, within 1% with the int8 ones
-    Kiln serves with. (Against SmolLM2's own float weights it is ~1.2x:
+    same checkpoint, within 1% with int8 activations (linear_w4a8). (Against SmolLM2's own float weights it is ~1.2x:
     those are Q4_1 values, and an integer zero point cannot hold Q4_1's
     grid, so this re-quantization costs more than a fresh one of float weights.)"""
     ckpt = prequantized_checkpoint(smollm2_checkpoint, method)
+    stored = model_perplexity(ckpt, ids)
     dequantized = model_perplexity(ckpt, ids, quantization="float")
-    with fp32_activations():
-        stored = model_perplexity(ckpt, ids)
     assert abs(stored / dequantized - 1) < 0.001, f"{method}: {stored:.4f} vs dequantized {dequantized:.4f}"
-    served = model_perplexity(ckpt, ids)
+    with int8_activations():
+        served = model_perplexity(ckpt, ids)
     assert abs(served / dequantized - 1) < 0.01, f"{method}: {served:.4f} vs dequantized {dequantized:.4f}"
 
 

@@ -1,4 +1,4 @@
-"""The int4 x int8-activation kernel (`linear_w4a8`, what `linear_w4` runs):
+"""The int4 x int8-activation kernel (`linear_w4a8`; `linear_w4` keeps fp32 activations):
 x quantized per row in groups of 32 along K as linear_w8a8 does, exact
 integer dot products against the codes and integer sums of the quantized x
 for the offset term: the weights times x as quantized. Reference: the same
@@ -94,15 +94,15 @@ def test_a_row_gets_the_same_bits_whatever_rows_come_with_it(threads, fp32_param
         torch.set_num_threads(before)
 
 
-def test_linear_w4_runs_it_and_linear_w4_fp32x_keeps_fp32_activations():
+def test_ops_wrapper_runs_it_and_linear_w4_keeps_fp32_activations():
     layer = layer_for(64, 576, 32, fp32_params=False)
     x = torch.randn(5, 576, generator=torch.Generator().manual_seed(1))
-    y = ops.linear_w4(x, layer.codes, layer.scale_min, 32)
-    assert y is not None and torch.equal(y, w4a8(x, layer)) and torch.equal(layer(x), y)
-    fp32x = torch.ops.kiln.linear_w4_fp32x(x, layer.codes, layer.scale_min, 32)
-    assert not torch.equal(y, fp32x)
-    exact = F.linear(x.double(), layer.dequantized_weight().double()).float()
-    torch.testing.assert_close(fp32x, exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    y = ops.linear_w4a8(x, layer.codes, layer.scale_min, 32)
+    assert y is not None and torch.equal(y, w4a8(x, layer))
+    assert ops.linear_w4a8(x.double(), layer.codes, layer.scale_min, 32) is None
+    fp32 = ops.linear_w4(x, layer.codes, layer.scale_min, 32)  # the default (see linear_f32.cpp)
+    assert torch.equal(fp32, torch.ops.kiln.linear_w4_fp32x(x, layer.codes, layer.scale_min, 32))
+    assert torch.equal(layer(x), fp32) and not torch.equal(y, fp32)
 
 
 def test_rejects_what_it_does_not_take():

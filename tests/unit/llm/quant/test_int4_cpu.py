@@ -1,7 +1,7 @@
 """int4 in Kiln's CPU kernel format: the packed layout,
 the quantization error bound with fp16 parameters, the fp32-activation
 kernel against fp64 F.linear on the dequantized weight, row independence,
-and the fallback. (The int8-activation kernel the layer runs:
+and the fallback. (The int8-activation kernel linear_w4a8:
 tests/unit/llm/kernels/test_linear_w4a8.py.)"""
 import pytest
 import torch
@@ -47,7 +47,8 @@ def test_round_trip_within_half_a_step_plus_fp16_rounding(group_size):
 
 
 def fp32x(x, layer):
-    """The fp32-activation kernel (linear_w4 quantizes x to int8: tests/unit/llm/kernels/test_linear_w4a8.py)."""
+    """The fp32-activation kernel by its explicit name (linear_w4 runs it; linear_w4a8:
+    tests/unit/llm/kernels/test_linear_w4a8.py)."""
     assert ops.kernels_loaded()  # registers torch.ops.kiln.*
     return torch.ops.kiln.linear_w4_fp32x(x, layer.codes, layer.scale_min, layer.group_size)
 
@@ -126,14 +127,13 @@ def test_bf16_activations_and_the_fallback_agree(monkeypatch):
     ref = F.linear(x, layer.dequantized_weight())
     torch.testing.assert_close(layer(x), ref)
     bf16_ref = F.linear(x.bfloat16().float(), layer.dequantized_weight())
-    # The kernel quantizes x to int8 in groups of 32 (~1% of the largest output; bf16 rounding adds 0.4%).
-    torch.testing.assert_close(out.float(), bf16_ref, rtol=1e-2, atol=3e-2 * bf16_ref.abs().max().item())
+    torch.testing.assert_close(out.float(), bf16_ref, rtol=1e-2, atol=1e-2)
 
 
 @needs_kernels
 def test_in_a_bf16_model_the_kernel_is_fp32_rounded_once_and_row_independent():
     """What a bf16 model's kept int4 projection computes: the cast leaves codes and
-    fp16 scale/min alone, and each output row is the kernel on the widened
+    fp16 scale/min alone, and each output row is the fp32 kernel on the widened
     input, rounded once to bf16, whatever the rows around it (a prefill's tail
     after a prefix-cache hit gives the rows the whole prefill gives)."""
     layer = Int4CpuLinear.from_float(weight(), 64)
