@@ -10,9 +10,9 @@ the kernels interleaved so machine noise hits them alike:
     int8-fp32x  Kiln's weight-only int8 kernel: int8 rows widened, fp32 activations
     int8-vnni   Kiln's linear_w8a8 (avx512_bf16 build): activations quantized
                 per row to int8, AVX512_VNNI dot products
-    int4        Kiln's linear_w4: int4 groups of 32, fp16 scale/min, activations
-                quantized per row to int8 (linear_w4a8.cpp)
-    int4-fp32x  Kiln's int4 kernel with fp32 activations (codes widened)
+    int4        Kiln's linear_w4: int4 groups of 32, fp16 scale/min, fp32 activations
+    int4-a8     Kiln's linear_w4a8: the same weights, activations quantized per
+                row to int8 in groups of 32, AVX2 integer dot products
     int4-torch  torch's _weight_int4pack_mm_for_cpu (bf16 activations)
 
 Prints ms per full pass, GB/s of the bytes each format stores, and the
@@ -69,8 +69,7 @@ def formats(ws: list[torch.Tensor]) -> dict[str, tuple[list, callable, torch.dty
         "int8-fp32x": (int8, lambda x, m: torch.ops.kiln.linear_w8_fp32x(x, m.weight_int8, m.scales_f32),
                        torch.float32),
         "int4": (int4, lambda x, m: torch.ops.kiln.linear_w4(x, m.codes, m.scale_min, GROUP), torch.float32),
-        "int4-fp32x": (int4, lambda x, m: torch.ops.kiln.linear_w4_fp32x(x, m.codes, m.scale_min, GROUP),
-                       torch.float32),
+        "int4-a8": (int4, lambda x, m: torch.ops.kiln.linear_w4a8(x, m.codes, m.scale_min, GROUP), torch.float32),
         "int4-torch": (int4_torch, lambda x, m: m(x), torch.bfloat16),
     }
     if ops.vnni_int8():
