@@ -274,7 +274,7 @@ at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 #endif
 }
 // int4 keeps fp32 activations (linear_w4_fp32x is the same kernel by its
-// explicit name). linear_w4a8 (int8 activations, 1.6-2.4x faster on AVX2) is
+// explicit name). linear_w4a8 (int8 activations, 1.4-2.6x faster on AVX2) is
 // not the default yet: a chunked prefill or a prefix-cache hit attends to
 // cached keys, which differs from a whole prefill in the last bits, and
 // quantizing activations grows that into other greedy tokens

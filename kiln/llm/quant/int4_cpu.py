@@ -19,7 +19,7 @@ the fp16-rounded grid, so the error per weight stays within half a step
 
 Activations stay float32: the kernel widens the codes in registers and
 dequantizes with one FMA. (`linear_w4a8` quantizes them to int8 instead:
-faster, SmolLM2's perplexity 0.4-0.9% higher; not the default, see
+faster, SmolLM2's perplexity 0.4-0.7% higher; not the default, see
 linear_f32.cpp.) Where the kernel does not apply (library absent, another
 device) forward dequantizes and runs F.linear, so results agree within
 float rounding.
