@@ -11,6 +11,8 @@ the kernels interleaved so machine noise hits them alike:
     int8-vnni   Kiln's linear_w8a8 (avx512_bf16 build): activations quantized
                 per row to int8, AVX512_VNNI dot products
     int4        Kiln's linear_w4: int4 groups of 32, fp16 scale/min, fp32 activations
+    int4-a8     Kiln's linear_w4a8: the same weights, activations quantized per
+                row to int8 in groups of 32, AVX2 integer dot products
     int4-torch  torch's _weight_int4pack_mm_for_cpu (bf16 activations)
 
 Prints ms per full pass, GB/s of the bytes each format stores, and the
@@ -59,14 +61,15 @@ def formats(ws: list[torch.Tensor]) -> dict[str, tuple[list, callable, torch.dty
     int4_torch = [Int4Linear.from_float(w, GROUP) for w in ws]
     bf16 = [w.bfloat16() for w in ws]
     int8 = [Int8Linear.from_float(w) for w in ws]
+    int4 = [Int4CpuLinear.from_float(w, GROUP) for w in ws]
     found = {
         "bf16": (bf16, F.linear, torch.bfloat16),
         "bf16-kiln": (bf16, torch.ops.kiln.linear_bf16, torch.bfloat16),
         "int8": (int8, lambda x, m: ops.linear_w8(x, m.weight_int8, m.scales_f32), torch.float32),
         "int8-fp32x": (int8, lambda x, m: torch.ops.kiln.linear_w8_fp32x(x, m.weight_int8, m.scales_f32),
                        torch.float32),
-        "int4": ([Int4CpuLinear.from_float(w, GROUP) for w in ws],
-                 lambda x, m: torch.ops.kiln.linear_w4(x, m.codes, m.scale_min, GROUP), torch.float32),
+        "int4": (int4, lambda x, m: torch.ops.kiln.linear_w4(x, m.codes, m.scale_min, GROUP), torch.float32),
+        "int4-a8": (int4, lambda x, m: torch.ops.kiln.linear_w4a8(x, m.codes, m.scale_min, GROUP), torch.float32),
         "int4-torch": (int4_torch, lambda x, m: m(x), torch.bfloat16),
     }
     if ops.vnni_int8():

@@ -4,7 +4,8 @@ Run once at install time (`make` does): `python -m kiln.llm.kernels.build`.
 Two builds (isa.py says which one a CPU loads), compiled in parallel:
 
     _kiln_kernels_avx2.so         -mavx2 -mfma -mf16c: the fp32, int8, int4
-                                  kernels; bf16 through fp32 arithmetic
+                                  kernels (int4 x int8 activations); bf16
+                                  through fp32 arithmetic
     _kiln_kernels_avx512_bf16.so  adds AVX-512 F/BW/VL/DQ, BF16 and VNNI:
                                   bf16 dot products (`vdpbf16ps`)
 
@@ -52,7 +53,9 @@ from kiln.llm.kernels import isa
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-COMMON_SOURCES = ("linear_f32.cpp", "paged_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "dequant_w4.cpp")
+COMMON_SOURCES = (
+    "linear_f32.cpp", "linear_w4a8.cpp", "paged_attention.cpp", "layer_ops.cpp", "decode_layer.cpp", "dequant_w4.cpp",
+)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w);
 at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
 // The avx512_bf16 build only: x quantized per row to int8, VNNI dot products.
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
+// int4 group weights (linear_f32.cpp's Int4Problem layout): linear_w4 keeps
+// x in fp32; linear_w4a8 quantizes it to int8 in groups of 32 (linear_w4a8.cpp).
 at::Tensor linear_w4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size);
+at::Tensor linear_w4a8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
                                                 double eps);

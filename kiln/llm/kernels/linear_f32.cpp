@@ -129,8 +129,8 @@ struct Int4Problem {
   int64_t row_bytes() const { return K / 2; }
   int64_t x_row_bytes() const { return K * 4; }
 
-  // (scale, min) of the group holding weight b of a row, then (with G == 32)
-  // those of the next group, as four floats.
+  // (scale, min) of the group holding weight b of a row, then (when the
+  // run's second half lies in the next group) those of that group, as four floats.
   static __m128 params(const P* p, bool two_groups) {
     if constexpr (std::is_same_v<P, float>) {
       return two_groups ? _mm_loadu_ps(p) : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
@@ -155,13 +155,15 @@ struct Int4Problem {
           _mm_prefetch(reinterpret_cast<const char*>(run + (kPrefetchPasses * NR + n) * row_stride), _MM_HINT_T0);
       __m256i words[NR];
       __m256 sv[NR][2], mv[NR][2];  // [n][half of the run]: groups of 32 change mid-run
+      // The run's second half starts the next group when G is 32 or an odd multiple of it (G = 96: b = 64).
+      const bool split = b / G != (b + 32) / G;
       for (int n = 0; n < NR; ++n) {
         words[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + n * row_stride));
-        const __m128 f = params(scale_min + ((n0 + n) * groups + b / G) * 2, G == 32);
+        const __m128 f = params(scale_min + ((n0 + n) * groups + b / G) * 2, split);
         sv[n][0] = _mm256_broadcastss_ps(f);
         mv[n][0] = _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 1));
-        sv[n][1] = G == 32 ? _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 2)) : sv[n][0];
-        mv[n][1] = G == 32 ? _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 3)) : mv[n][0];
+        sv[n][1] = split ? _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 2)) : sv[n][0];
+        mv[n][1] = split ? _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 3)) : mv[n][0];
       }
       // Weights b + 8s .. b + 8s + 7: nibble s of every word.
       [&]<int... S>(std::integer_sequence<int, S...>) {
@@ -271,6 +273,14 @@ at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return ::linear_w8(x, w, scales);
 #endif
 }
+// int4 keeps fp32 activations (linear_w4_fp32x is the same kernel by its
+// explicit name). linear_w4a8 (int8 activations, 1.4-2.6x faster on AVX2) is
+// not the default yet: a chunked prefill or a prefix-cache hit attends to
+// cached keys, which differs from a whole prefill in the last bits, and
+// quantizing activations grows that into other greedy tokens
+// (tests/integration/llm/test_batch_invariance.py's chunked case fails with
+// it). Every M takes the same kernel either way, so a row's bits do not
+// depend on the other rows.
 at::Tensor linear_w4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size) {
   return ::linear_w4(x, codes, scale_min, group_size);
 }
@@ -283,11 +293,13 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("linear_bf16(Tensor x, Tensor w) -> Tensor");
   m.def("linear_bf16_widen(Tensor x, Tensor w) -> Tensor");
   m.def("linear_w8_fp32x(Tensor x, Tensor w, Tensor scales) -> Tensor");
+  m.def("linear_w4_fp32x(Tensor x, Tensor codes, Tensor scale_min, int group_size) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("linear_f32", linear_f32);
   m.impl("linear_w8", kiln::linear_w8);
-  m.impl("linear_w4", linear_w4);
+  m.impl("linear_w4", kiln::linear_w4);
+  m.impl("linear_w4_fp32x", ::linear_w4);
   m.impl("linear_bf16_widen", linear_bf16_widen);
   m.impl("linear_w8_fp32x", ::linear_w8);
 #ifndef KILN_AVX512_BF16  // else linear_bf16.cpp registers its own

@@ -159,7 +159,9 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> to
 def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor | None:
     """x [M, K] fp32 @ int4-group weights^T (codes uint8 [N, K/2], scale_min
     fp16 or fp32 [N, K/G, 2]; layout in linear_f32.cpp's Int4Problem) with
-    Kiln's kernel (activations stay fp32, any M), or None when it does not apply."""
+    Kiln's kernel (activations stay fp32, any M), or None when it does not
+    apply. `torch.ops.kiln.linear_w4a8` quantizes x to int8 instead (faster;
+    not the default, see linear_f32.cpp)."""
     params_dtype = torch.float32 if scale_min.dtype == torch.float32 else torch.float16
     if not _weight_only_applies(x, codes, torch.uint8, scale_min, params_dtype):
         return None
@@ -172,6 +174,26 @@ def dequantize_w4(codes: torch.Tensor, scale_min: torch.Tensor, group_size: int)
     if not kernels_loaded() or codes.device.type != "cpu":
         return None
     return torch.ops.kiln.dequantize_w4(codes, scale_min, group_size)
+
+
+def linear_w4_fp32x(
+    x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int
+) -> torch.Tensor | None:
+    """The float32-activation int4 kernel by its explicit name (what
+    linear_w4 runs today), for exactness tests and A/B against linear_w4a8."""
+    params_dtype = torch.float32 if scale_min.dtype == torch.float32 else torch.float16
+    if not _weight_only_applies(x, codes, torch.uint8, scale_min, params_dtype):
+        return None
+    return torch.ops.kiln.linear_w4_fp32x(x, codes, scale_min, group_size)
+
+
+def linear_w4a8(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor | None:
+    """linear_w4 with x quantized per row to int8 in groups of 32 and integer
+    dot products (linear_w4a8.cpp), or None when it does not apply."""
+    params_dtype = torch.float32 if scale_min.dtype == torch.float32 else torch.float16
+    if not _weight_only_applies(x, codes, torch.uint8, scale_min, params_dtype):
+        return None
+    return torch.ops.kiln.linear_w4a8(x, codes, scale_min, group_size)
 
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -21,7 +21,9 @@ Activations stay float32: the kernel widens the codes in registers and
 dequantizes with one FMA. That is compute-bound, so inputs of more than
 INT4_DEQUANT_MIN_ROWS rows (prefill chunks) widen the weight once per call
 into memory (kiln::dequantize_w4, the same FMA), pack it and run oneDNN,
-as fp32 Linears do above their row limit. Where the kernel does not apply
+as fp32 Linears do above their row limit. (`linear_w4a8` quantizes the
+activations to int8 instead: faster, SmolLM2's perplexity 0.4-0.7% higher;
+not the default, see linear_f32.cpp.) Where the kernel does not apply
 (library absent, another device) forward dequantizes and runs F.linear, so
 results agree within float rounding.
 """

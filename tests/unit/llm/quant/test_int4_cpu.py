@@ -1,6 +1,8 @@
 """int4 in Kiln's CPU kernel format: the packed layout,
-the quantization error bound with fp16 parameters, the kernel against fp64
-F.linear on the dequantized weight, row independence, and the fallback."""
+the quantization error bound with fp16 parameters, the fp32-activation
+kernel against fp64 F.linear on the dequantized weight, row independence,
+and the fallback. (The int8-activation kernel linear_w4a8:
+tests/unit/llm/kernels/test_linear_w4a8.py.)"""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,18 +46,26 @@ def test_round_trip_within_half_a_step_plus_fp16_rounding(group_size):
     assert (err <= step / 2 * (1 + 1e-3) + low * 2**-11 + 1e-6).all()
 
 
+def fp32x(x, layer):
+    """The fp32-activation kernel by its explicit name (linear_w4 runs it; linear_w4a8:
+    tests/unit/llm/kernels/test_linear_w4a8.py)."""
+    assert ops.kernels_loaded()  # registers torch.ops.kiln.*
+    return torch.ops.kiln.linear_w4_fp32x(x, layer.codes, layer.scale_min, layer.group_size)
+
+
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 5, 9, 200])
-@pytest.mark.parametrize("group_size", [32, 128])
-def test_kernel_matches_f_linear_on_the_dequantized_weight(rows, group_size):
+@pytest.mark.parametrize("group_size", [32, 96, 128])
+def test_fp32x_kernel_matches_f_linear_on_the_dequantized_weight(rows, group_size):
     # Activations stay fp32 and the weights dequantize exactly as
     # dequantized_weight() says (up to one rounding of q * scale + min), so
-    # only summation order separates the kernel from fp64 math.
+    # only summation order separates the kernel from fp64 math. (G = 96: a
+    # run's second half starts the next group.)
     layer = Int4CpuLinear.from_float(weight(), group_size)
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
-    y = ops.linear_w4(x, layer.codes, layer.scale_min, group_size)
+    y = fp32x(x, layer)
     ref = F.linear(x.double(), layer.dequantized_weight().double()).float()
-    assert y is not None and y.shape == (rows, 301)
+    assert y.shape == (rows, 301)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
     if rows <= int4_cpu.INT4_DEQUANT_MIN_ROWS:  # above: the widened weight (next tests)
         torch.testing.assert_close(layer(x), y, rtol=0, atol=0)
@@ -64,17 +74,19 @@ def test_kernel_matches_f_linear_on_the_dequantized_weight(rows, group_size):
 @needs_kernels
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_fp32_parameters_compute_what_fp16_ones_do_and_their_own_values(group_size):
-    # The same values as fp32: bit-identical results (same FMA per weight).
+    # The same values as fp32: bit-identical results (same arithmetic per weight), in both kernels.
     layer = Int4CpuLinear.from_float(weight(), group_size)
     x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(7))
     fp32 = Int4CpuLinear(layer.codes, layer.scale_min.float(), group_size)
     assert torch.equal(fp32(x), layer(x))
+    assert torch.equal(fp32x(x, fp32), fp32x(x, layer))
     # Values fp16 cannot hold: the kernel uses them, not a rounded copy.
     sm = layer.scale_min.float() * (1 + 2**-15)
     exact = Int4CpuLinear(layer.codes, sm, group_size)
     assert not torch.equal(sm.half().float(), sm)
     ref = F.linear(x.double(), exact.dequantized_weight().double()).float()
-    torch.testing.assert_close(exact(x), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    torch.testing.assert_close(fp32x(x, exact), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    assert not torch.equal(fp32x(x, exact), fp32x(x, layer))
     assert not torch.equal(exact(x), layer(x))
 
 

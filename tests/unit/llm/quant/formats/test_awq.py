@@ -11,7 +11,7 @@ import torch
 from kiln.errors import ModelLoadError
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
-from tests.unit.llm.quant.formats.compare import INT4_BOUND, hf_logits, kiln_logits, kiln_model, relative_error
+from tests.unit.llm.quant.formats.compare import check_int4_logits, hf_logits, kiln_model
 from tests.unit.llm.quant.formats.writers import is_projection, pack_awq, rtn_int4, write_hf_dir
 
 CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"}
@@ -41,10 +41,8 @@ def test_awq_dequantizes_exactly_and_serves_close_to_float(awq_dir, float_model)
     model = kiln_model(ckpt)
     assert sum(isinstance(m, Int4CpuLinear) for m in model.modules()) == 4 * 2
     assert model.fused_layers is not None  # every projection takes the one-call decode kernel
-    out = kiln_logits(model)
     exact = hf_logits(float_model, {n: q.reference() for n, q in reference.items()})
-    torch.testing.assert_close(out, exact, rtol=0, atol=1e-4 * exact.abs().max().item())
-    assert relative_error(out, hf_logits(float_model)) < INT4_BOUND
+    check_int4_logits(model, exact, hf_logits(float_model))
 
 
 @pytest.mark.parametrize(

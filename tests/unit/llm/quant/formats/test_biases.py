@@ -15,7 +15,7 @@ from kiln.errors import ModelLoadError
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
 from tests.unit.llm.models.families import tiny
-from tests.unit.llm.quant.formats.compare import IDS, INT4_BOUND, kiln_logits, kiln_model, relative_error
+from tests.unit.llm.quant.formats.compare import IDS, check_int4_logits, kiln_model, relative_error
 from tests.unit.llm.quant.formats.writers import is_projection, pack_awq, pack_gptq, rtn_int4, write_hf_dir
 
 GROUP = 32
@@ -86,9 +86,7 @@ def test_biased_int4_projections_equal_the_dequantized_reference(tmp_path, qwen2
     assert model.decoder_layers[0].self_attn.qkv_bias is not None
     exact_model = with_weights(float_model, reference)
     exact = logits(exact_model)
-    out = kiln_logits(model)
-    torch.testing.assert_close(out, exact, rtol=0, atol=1e-4 * exact.abs().max().item())
-    assert relative_error(out, logits(float_model)) < INT4_BOUND
+    check_int4_logits(model, exact, logits(float_model))
     # Without the biases the output is far off: they are applied, not just loaded.
     assert relative_error(logits(with_weights(exact_model, {n: torch.zeros_like(t) for n, t in
                                                             float_model.state_dict().items() if n.endswith(".bias")})),

@@ -21,7 +21,7 @@ from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.quant.formats.gguf_blocks import gguf_int4_weight, q4_k_scale_min
 from kiln.llm.quant.formats.int4_weight import Int4Weight
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
-from tests.unit.llm.quant.formats.compare import INT4_BOUND, hf_logits, kiln_logits, kiln_model, relative_error
+from tests.unit.llm.quant.formats.compare import check_int4_logits, hf_logits, kiln_model
 from tests.unit.llm.quant.formats.writers import encode, write_gguf
 
 ATTN = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.o_proj.weight")
@@ -99,10 +99,8 @@ def test_gguf_file_loads_int4_exactly_and_serves_close_to_float(tmp_path, float_
     else:
         assert sum(isinstance(m, Int4CpuLinear) for m in model.modules()) == 4 * 2
         assert model.fused_layers is not None
-    out = kiln_logits(model)
     exact = hf_logits(float_model, ckpt.dequantized_weights())
-    torch.testing.assert_close(out, exact, rtol=0, atol=1e-4 * exact.abs().max().item())
-    assert relative_error(out, hf_logits(float_model)) < INT4_BOUND
+    check_int4_logits(model, exact, hf_logits(float_model))
 
 
 def test_float_mode_dequantizes_every_projection(tmp_path, float_model):

@@ -15,7 +15,7 @@ from kiln.llm.layers.linear import Linear
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.quant.formats.int4_weight import Int4Weight, PermutedInput
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
-from tests.unit.llm.quant.formats.compare import INT4_BOUND, hf_logits, kiln_logits, kiln_model, relative_error
+from tests.unit.llm.quant.formats.compare import check_int4_logits, hf_logits, kiln_model
 from tests.unit.llm.quant.formats.writers import Quantized, is_projection, pack_gptq, rtn_int4, write_hf_dir
 
 CASES = {
@@ -82,10 +82,8 @@ def test_gptq_dequantizes_exactly_and_serves_close_to_float(tmp_path, tiny_llama
     model = kiln_model(ckpt)
     projections = [m for m in model.modules() if isinstance(m, (Int4CpuLinear, PermutedInput))]
     assert not any(isinstance(m, Linear) for m in model.modules())
-    out = kiln_logits(model)
     exact = hf_logits(float_model, {n: q.reference() for n, q in reference.items()})
-    torch.testing.assert_close(out, exact, rtol=0, atol=1e-4 * exact.abs().max().item())
-    assert relative_error(out, hf_logits(float_model)) < INT4_BOUND
+    check_int4_logits(model, exact, hf_logits(float_model))
     if CASES[case][2]:  # act-order: every projection permutes its input, q|k|v and gate|up fused
         assert sum(isinstance(m, PermutedInput) for m in projections) == 4 * 2
         assert model.fused_layers is None  # the one-call decode kernel does not permute
