@@ -15,9 +15,9 @@ PACKED_MIN_ROWS = 32
 
 # Rows above which an int4 Linear (Kiln's CPU format) widens its weight to fp32 (kiln::dequantize_w4), packs
 # it and runs oneDNN instead of the int4 kernel, whose fp32 widening per weight and row is compute-bound.
-# SmolLM2's four int4 shapes summed, one thread, Zen 3: kernel / widened 0.69x at 64 rows, 1.08x at 128,
-# 1.37x at 256, 1.9x at 512-1024. Re-tune: bench/int4_prefill.py.
-INT4_DEQUANT_MIN_ROWS = 128
+# SmolLM2's four int4 shapes summed, one thread, Zen 3, quiet box: kernel / widened 0.97x at 64 rows, 1.34x
+# at 128, 1.63x at 256, 2.12x at 1024. Re-tune: bench/int4_prefill.py.
+INT4_DEQUANT_MIN_ROWS = 64
 
 # Decode rows attended as one padded batch: bigger groups pad more keys, smaller ones make more calls.
 # Re-tune: bench/decode_step.py (B running requests of mixed context length).
