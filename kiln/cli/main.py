@@ -23,7 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from kiln.analyze.config import AnalyzeConfig
-from kiln.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, ServerConfig, SpecConfig, field_help
+from kiln.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    SpecConfig,
+    field_help,
+    flat_options,
+)
 from kiln.deploy.ray_config import RayServeConfig
 from kiln.errors import KilnError
 
@@ -92,11 +102,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
 def run_serve(
     args: argparse.Namespace, engine_names: list[str], server_names: list[str], ray_names: list[str]
 ) -> int:
-    from kiln.config import EngineConfig
-    from kiln.llm.device import require_device
-    from kiln.llm.models.loader import read_arch
-    from kiln.server.compose import build_dataplane
-    from kiln.server.run import serve
+    from kiln.llm.engine.core_client import discard_prespawned, prespawn
 
     options = given(args, server_names)
     options.setdefault("api_key", os.environ.get("KILN_API_KEY") or None)
@@ -109,9 +115,15 @@ def run_serve(
     llm = None
     if args.model is not None or config.model_repository is None:
         llm = EngineConfig.from_flat(model=args.model, **engine_options)
-        require_device(llm.model.device)  # a clear error (exit 2) here, not a traceback from the engine process
-        if llm.model.model is not None:
-            read_arch(llm.model.model)  # likewise for a path that is not a model, or of an unsupported family
+        if not args.ray and config.engine_mode == "process":
+            # The engine imports and loads while this process imports the server (torch, transformers:
+            # ~4 of ~11 s to ready on 2 cores). Its config as the data plane will rebuild it, so it is adopted.
+            prespawn(EngineConfig.from_flat(**flat_options(llm)))
+        try:
+            check_model(llm)
+        except BaseException:
+            discard_prespawned()
+            raise
     elif engine_options:
         raise KilnError(
             f"engine flags ({', '.join(sorted(engine_options))}) apply to a command-line model; "
@@ -121,7 +133,21 @@ def run_serve(
         from kiln.deploy.ray_serve import run as run_on_ray
 
         return run_on_ray(config, llm, RayServeConfig(**ray_options))
+    from kiln.server.compose import build_dataplane
+    from kiln.server.run import serve
+
     return serve(build_dataplane(config, llm))
+
+
+def check_model(llm: EngineConfig) -> None:
+    """A clear error (exit 2) for a device or model path the engine could not use, here
+    rather than as a traceback from the engine process."""
+    from kiln.llm.device import require_device
+    from kiln.llm.models.loader import read_arch
+
+    require_device(llm.model.device)
+    if llm.model.model is not None:
+        read_arch(llm.model.model)  # not a model, or of an unsupported family
 
 
 def run_validate(repository: str) -> int:

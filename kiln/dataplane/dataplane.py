@@ -50,6 +50,7 @@ from kiln.errors import (
     KilnError,
     ModelNotFoundError,
 )
+from kiln.llm.engine.core_client import discard_prespawned
 from kiln.metrics.cost import CostCollector, UsageReading
 from kiln.metrics.desired_replicas import HintConfig
 from kiln.metrics.device import DeviceCollector
@@ -142,6 +143,7 @@ class DataPlane:
         if self._housekeeping is None:
             self._housekeeping = asyncio.create_task(self._housekeep())
         errors = await self.models.load_all()
+        discard_prespawned()  # a command-line engine started ahead whose config no model took
         for name, message in errors.items():
             log.error("model %s is unavailable: %s", name, message)
         self.started = True

@@ -8,6 +8,11 @@ thread; the caller hops to its own event loop. `on_dead` is called at most
 once, and never after `shutdown()` began.
 `add_request` / `abort` never block on the engine: they go through a queue.
 
+`prespawn(config)` starts an engine process before any client exists (`kiln
+serve` does it before its own imports, so the engine's imports and loading
+overlap the API process's); the first ProcessEngineClient started with an
+equal config adopts it, and `discard_prespawned()` stops any left unadopted.
+
 A request is encoded for the wire when it is added, on the caller's thread:
 one the wire cannot carry (an integer past 64 bits, a lone surrogate) raises
 InvalidRequestError there, for that request alone. The writer thread only
@@ -99,6 +104,40 @@ class EngineCoreClient(abc.ABC):
         """Stop the engine (blocks until it is gone)."""
 
 
+# Engine processes started ahead of their client, by config: (process, to it, from it).
+_ahead: dict[EngineConfig, tuple[subprocess.Popen, Connection, Connection]] = {}
+_ahead_lock = threading.Lock()
+
+
+def prespawn(config: EngineConfig) -> None:
+    """Start `config`'s engine process now (see the module docstring)."""
+    client = ProcessEngineClient(config)
+    to_engine, from_engine = client._spawn()
+    assert client.proc is not None  # set by _spawn
+    with _ahead_lock:
+        _ahead[config] = (client.proc, to_engine, from_engine)
+
+
+def discard_prespawned() -> int:
+    """Stop the engine processes started ahead that no client adopted; how many."""
+    with _ahead_lock:
+        left = list(_ahead.values())
+        _ahead.clear()
+    for proc, to_engine, from_engine in left:
+        to_engine.close()  # EOF on its inbox: it would exit by itself; do not wait for that
+        from_engine.close()
+        proc.kill()
+        proc.wait()
+    if left:
+        log.warning("stopped %d engine process(es) started ahead but not used (their config changed)", len(left))
+    return len(left)
+
+
+def _adopt(config: EngineConfig) -> tuple[subprocess.Popen, Connection, Connection] | None:
+    with _ahead_lock:
+        return _ahead.pop(config, None)
+
+
 class ProcessEngineClient(EngineCoreClient):
     """Runs `python -m kiln.llm.engine.core_proc` and talks to it over pipes."""
 
@@ -116,7 +155,11 @@ class ProcessEngineClient(EngineCoreClient):
 
     def start(self, on_result: OnResult, on_dead: OnDead) -> Ready:
         self._on_dead = on_dead
-        to_engine, from_engine = self._spawn()
+        ahead = _adopt(self.config)
+        if ahead is not None:
+            self.proc, to_engine, from_engine = ahead
+        else:
+            to_engine, from_engine = self._spawn()
         first = self._receive(from_engine)
         if not isinstance(first, Ready):
             message = first.message if isinstance(first, Failed) else "engine sent no ready message"

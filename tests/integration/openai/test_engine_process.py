@@ -1,5 +1,6 @@
-"""The engine process on its own: start-up failures, exit on parent death, and
-a request its wire cannot carry."""
+"""The engine process on its own: start-up failures, exit on parent death, a
+request its wire cannot carry, and an engine started ahead of its client
+(`kiln serve` overlaps the engine's start with the API's imports)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import time
 import psutil
 import pytest
 
-from kiln.config import EngineConfig
+from kiln.config import EngineConfig, flat_options
 from kiln.errors import EngineDeadError, InvalidRequestError
+from kiln.llm.engine import core_client
 from kiln.llm.engine.async_llm import AsyncLLM
-from kiln.llm.engine.core_client import ProcessEngineClient
+from kiln.llm.engine.core_client import ProcessEngineClient, discard_prespawned, prespawn
 from kiln.llm.sampling_params import SamplingParams
 from tests.integration.openai.live import ROOT
 
@@ -29,6 +31,25 @@ def test_a_bad_model_fails_the_start_with_the_reason(tmp_path):
         client.start(lambda r: None, lambda m: None)
     assert "missing.gguf" in e.value.message and time.monotonic() - started < 60
     assert client.proc.poll() is not None
+
+
+def test_an_engine_started_ahead_is_adopted_by_the_first_client_of_its_config(tmp_path):
+    config = EngineConfig.from_flat(model=str(tmp_path / "missing.gguf"), num_blocks=16, max_num_seqs=4)
+    assert EngineConfig.from_flat(**flat_options(config)) == config  # what kiln serve prespawns is what it serves
+    prespawn(config)
+    ahead = core_client._ahead[config][0]
+    client = ProcessEngineClient(config)
+    with pytest.raises(EngineDeadError, match="missing.gguf"):
+        client.start(lambda r: None, lambda m: None)
+    assert client.proc is ahead and ahead.poll() is not None and not core_client._ahead
+    assert discard_prespawned() == 0
+
+
+def test_an_engine_started_ahead_and_not_adopted_is_stopped(tmp_path):
+    prespawn(EngineConfig.from_flat(model=str(tmp_path / "missing.gguf"), num_blocks=16))
+    ahead = next(iter(core_client._ahead.values()))[0]
+    assert discard_prespawned() == 1
+    assert ahead.poll() is not None and not core_client._ahead
 
 
 def test_the_engine_exits_when_its_parent_is_killed(tiny_llama_dir):
