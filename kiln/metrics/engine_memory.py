@@ -1,7 +1,7 @@
 """Memory an LLM engine reports it holds, by kind: weights (in the serving
 layout), packed (oneDNN copies of weights kept for prefill), kv_cache (the
 paged pool), activations_peak (the largest step's activations at their
-peak, measured once at start-up: kiln/llm/runner/activation_profile.py).
+peak, measured once at start-up: kiln/llm/engine/activation_profile.py).
 
 Read from what the engine reports once it is ready; a kind it does not
 report (0) is left out.

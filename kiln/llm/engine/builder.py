@@ -10,6 +10,7 @@ import torch
 from kiln.config import EngineConfig
 from kiln.errors import ConfigError
 from kiln.llm.device import require_device
+from kiln.llm.engine.activation_profile import measure_activation_peak
 from kiln.llm.engine.core import EngineCore
 from kiln.llm.engine.heap import trim_heap
 from kiln.llm.engine.kv_sizing import MemoryReader, blocks_for, kv_pool_bytes
@@ -25,7 +26,6 @@ from kiln.llm.parallel.executor import ParallelRunner
 from kiln.llm.parallel.layout import check_splittable
 from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
 from kiln.llm.parallel.weights import DictReader, open_weights
-from kiln.llm.runner.activation_profile import measure_activation_peak
 from kiln.llm.runner.cuda_graphs import build_cuda_graphs
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model

@@ -111,7 +111,7 @@ class Ready(msgspec.Struct, tag="ready"):
     weights_bytes: int = 0  # in the serving layout
     packed_bytes: int = 0  # oneDNN copies of weights kept for prefill
     kv_cache_bytes: int = 0
-    activations_peak_bytes: int = 0  # of the largest step, measured at start-up (runner/activation_profile.py)
+    activations_peak_bytes: int = 0  # of the largest step, measured at start-up (engine/activation_profile.py)
     dtype: str = ""  # the model's dtype, as chosen (`--dtype auto` resolved)
 
 

@@ -6,7 +6,9 @@ turned into logits. One such forward pass runs over a scratch KV pool of
 just its own tokens (the engine's pool stays untouched: its pages are
 zeroed lazily and would count as activations), and its peak is read from
 the process's high-water mark: on CPU the kernel's VmHWM after resetting it
-(`/proc/self/clear_refs`, value 5) with the scratch pool already resident;
+(`/proc/self/clear_refs`, value 5) with the scratch pool already resident
+and the heap's free pages handed back first (memory glibc keeps from earlier
+frees, e.g. the model build's, would be reused without raising the RSS);
 on CUDA torch's peak allocated bytes. What the first step of every shape
 pays once (oneDNN primitives, allocator pools) is counted too: it stays.
 A step that asks for prompt logprobs computes logits for every prompt token
@@ -21,6 +23,7 @@ from typing import Protocol
 import torch
 
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
+from kiln.llm.engine.heap import trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,7 @@ class HostPeak:
         self.status, self.clear_refs, self.baseline = status, clear_refs, 0
 
     def start(self) -> bool:
+        trim_heap()
         rss = status_bytes("VmRSS", self.status)
         try:
             self.clear_refs.write_text("5")
