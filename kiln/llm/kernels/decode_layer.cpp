@@ -18,7 +18,14 @@
 // each head of q and k before rope (Qwen3), rope on the first `rotary_dim`
 // dims of a head only (Phi-4-mini; 0: all), a sliding window (Mistral, Phi-3).
 // (kiln/llm/models/fused_decode.py passes bias, q/k norms and partial rope
-// for fp32 models only.)
+// for fp32 models only.) Gemma's layer (kiln/llm/models/gemma.py) is this one
+// with a softmax scale other than head_dim^-0.5 and soft-capped scores
+// (`scale`, `softcap`: 0 means none), "sandwich" norms (`attn_out_norm` on o
+// before its residual add, `post_norm` then being the MLP's input norm, and
+// `mlp_out_norm` on the MLP's output before its add) and GeGLU (`gelu`):
+//
+//   o = rms_norm(o, attn_out_norm); h, x = add_rms_norm(o, x)
+//   x = x + rms_norm(down(gelu_tanh(gate) * up), mlp_out_norm)
 //
 // `decode_attention` is the same layer up to and including add_rms_norm, and
 // returns (h, x) there: a mixture-of-experts layer (Mixtral, Qwen3-MoE)
@@ -61,8 +68,9 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(
     const at::Tensor& slot_mapping, at::TensorList block_tables, at::TensorList context_lens, int64_t block_size,
     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, const std::optional<at::Tensor>& qkv_bias,
     const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, int64_t rotary_dim,
-    int64_t window) {
+    int64_t window, double scale, double softcap, const std::optional<at::Tensor>& attn_out_norm) {
   TORCH_CHECK(block_tables.size() == context_lens.size(), "decode_layer: one block table per decode group");
+  TORCH_CHECK(scale >= 0 && softcap >= 0, "decode_layer: scale and softcap must be >= 0 (0: the default, none)");
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "decode_layer: q_norm and k_norm come together");
   const int64_t T = x.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   at::Tensor qkv = project(kiln::rms_norm(x, input_norm, eps), qkv_w, group_size);
@@ -82,23 +90,25 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(
   const at::Tensor k_pool = kv_cache.select(0, 0), v_pool = kv_cache.select(0, 1);
   k_pool.index_copy_(0, slot_mapping, k.to(k_pool.scalar_type()));  // a no-op view for an fp32 pool
   v_pool.index_copy_(0, slot_mapping, v.to(v_pool.scalar_type()));
-  const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim**-0.5
+  if (scale == 0) scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim**-0.5
   at::Tensor attn;
   if (block_tables.size() == 1) {
     attn = kiln::paged_decode_attention(q, k_pool, v_pool, block_tables[0], context_lens[0], block_size, scale,
-                                        window);
+                                        window, softcap);
   } else {
     attn = at::empty_like(q);
     int64_t row = 0;
     for (size_t g = 0; g < block_tables.size(); ++g) {
       const int64_t rows = block_tables[g].size(0);
       attn.narrow(0, row, rows).copy_(kiln::paged_decode_attention(
-          q.narrow(0, row, rows), k_pool, v_pool, block_tables[g], context_lens[g], block_size, scale, window));
+          q.narrow(0, row, rows), k_pool, v_pool, block_tables[g], context_lens[g], block_size, scale, window,
+          softcap));
       row += rows;
     }
     TORCH_CHECK(row == T, "decode_layer: decode groups must cover every row");
   }
-  const at::Tensor o = project(attn.view({T, q_size}), o_w, group_size);
+  at::Tensor o = project(attn.view({T, q_size}), o_w, group_size);
+  if (attn_out_norm.has_value()) o = kiln::rms_norm(o, *attn_out_norm, eps);
   return kiln::add_rms_norm(o, x, post_norm, eps);
 }
 
@@ -110,11 +120,17 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorLis
                         at::TensorList context_lens, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
                         int64_t head_dim, const std::optional<at::Tensor>& qkv_bias,
                         const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
-                        int64_t rotary_dim, int64_t window) {
+                        int64_t rotary_dim, int64_t window, double scale, double softcap,
+                        const std::optional<at::Tensor>& attn_out_norm, const std::optional<at::Tensor>& mlp_out_norm,
+                        bool gelu) {
   auto [h, residual] = decode_attention(x, qkv_w, o_w, group_size, input_norm, post_norm, eps, cos, sin, kv_cache,
                                         slot_mapping, block_tables, context_lens, block_size, num_heads,
-                                        num_kv_heads, head_dim, qkv_bias, q_norm, k_norm, rotary_dim, window);
-  return residual + project(kiln::silu_mul(project(h, gate_up_w, group_size)), down_w, group_size);
+                                        num_kv_heads, head_dim, qkv_bias, q_norm, k_norm, rotary_dim, window, scale,
+                                        softcap, attn_out_norm);
+  const at::Tensor gate_up = project(h, gate_up_w, group_size);
+  at::Tensor out = project(gelu ? kiln::gelu_tanh_mul(gate_up) : kiln::silu_mul(gate_up), down_w, group_size);
+  if (mlp_out_norm.has_value()) out = kiln::rms_norm(out, *mlp_out_norm, eps);
+  return residual + out;
 }
 
 at::Tensor expert_mlp(const at::Tensor& x, at::TensorList gate_up_w, at::TensorList down_w, int64_t group_size) {
@@ -175,13 +191,14 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "Tensor input_norm, Tensor post_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) kv_cache, "
       "Tensor slot_mapping, Tensor[] block_tables, Tensor[] context_lens, int block_size, int num_heads, "
       "int num_kv_heads, int head_dim, Tensor? qkv_bias=None, Tensor? q_norm=None, Tensor? k_norm=None, "
-      "int rotary_dim=0, int window=0) -> Tensor");
+      "int rotary_dim=0, int window=0, float scale=0.0, float softcap=0.0, Tensor? attn_out_norm=None, "
+      "Tensor? mlp_out_norm=None, bool gelu=False) -> Tensor");
   m.def(
       "decode_attention(Tensor x, Tensor[] qkv_w, Tensor[] o_w, int group_size, Tensor input_norm, "
       "Tensor post_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) kv_cache, Tensor slot_mapping, "
       "Tensor[] block_tables, Tensor[] context_lens, int block_size, int num_heads, int num_kv_heads, "
       "int head_dim, Tensor? qkv_bias=None, Tensor? q_norm=None, Tensor? k_norm=None, int rotary_dim=0, "
-      "int window=0) -> (Tensor, Tensor)");
+      "int window=0, float scale=0.0, float softcap=0.0, Tensor? attn_out_norm=None) -> (Tensor, Tensor)");
   m.def(
       "moe_experts(Tensor h, Tensor ids, Tensor weights, Tensor[] gate_up_w, Tensor[] down_w, int num_experts, "
       "int group_size) -> Tensor");

@@ -24,8 +24,9 @@ those is not checked against the module path's). A mixture-of-experts layer
 returning (h, x)), routes h in Python (SparseMoeBlock.route) and runs its
 experts through `kiln::moe_experts` (the block's grouped expert loop in one
 call, bit-identical): x + moe(h), as LlamaLayer.forward. (A block whose
-experts the kernel does not take runs as a module there.) Gemma's layers do
-not qualify (not LlamaLayer).
+experts the kernel does not take runs as a module there.) Gemma's layer
+(gemma.py) passes its softmax scale, soft-cap, sandwich norms and GeGLU, and
+its sliding-window layers of Gemma 3 their own rope table (`local_rope`).
 """
 from __future__ import annotations
 
@@ -60,6 +61,24 @@ class FusedLayer:
     k_norm: torch.Tensor | None = None
     window: int = 0  # sliding window (0: none)
     moe: SparseMoeBlock | None = None  # the layer's MoE block: routes decode_attention's h
+    scale: float = 0.0  # softmax scale (0: head_dim ** -0.5)
+    softcap: float = 0.0  # of the attention scores (0: none)
+    attn_out_norm: torch.Tensor | None = None  # Gemma: o normed before its residual add
+    mlp_out_norm: torch.Tensor | None = None  # Gemma: the MLP's output normed before its add
+    gelu: bool = False  # GeGLU (gelu_tanh) instead of SwiGLU
+    local_rope: bool = False  # rotated with the model's local (sliding-window) rope table
+
+
+@dataclass(frozen=True)
+class LayerNorms:
+    """A layer's norm weights as the kernel applies them: `input` before attention,
+    `pre_mlp` in the add + norm before the MLP; Gemma's sandwich norms also
+    `attn_out` (on o, before its add) and `mlp_out` (on the MLP's output)."""
+
+    input: torch.Tensor
+    pre_mlp: torch.Tensor
+    attn_out: torch.Tensor | None = None
+    mlp_out: torch.Tensor | None = None
 
 
 def supported(arch: ModelArch, embed_tokens: torch.Tensor) -> bool:
@@ -88,6 +107,13 @@ def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torc
     return None
 
 
+def dense_mlp(mlp: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """(gate_up, down) of a SwiGLU or GeGLU MLP the kernel computes, else None."""
+    if type(mlp) is LlamaMLP and isinstance(mlp, LlamaMLP) and mlp.hidden_act in ("silu", "gelu_tanh"):  # mypy
+        return mlp.gate_up_proj, mlp.down_proj
+    return None
+
+
 def _expert_projections(moe: SparseMoeBlock) -> list[nn.Module] | None:
     """gate_up and down of every expert, in expert order, if all are SwiGLU MLPs."""
     experts = [e for e in moe.experts if type(e) is LlamaMLP and isinstance(e, LlamaMLP) and e.hidden_act == "silu"]
@@ -97,14 +123,14 @@ def _expert_projections(moe: SparseMoeBlock) -> list[nn.Module] | None:
 
 
 def fused_layer(
-    qkv: nn.Module, o: nn.Module, mlp: tuple[nn.Module, nn.Module] | SparseMoeBlock, input_norm: torch.Tensor,
-    post_norm: torch.Tensor,
+    qkv: nn.Module, o: nn.Module, mlp: tuple[nn.Module, nn.Module] | SparseMoeBlock, norms: LayerNorms,
 ) -> FusedLayer | None:
     """One layer's kernel arguments, or None if a projection is of a kind the kernel
     does not take (the model's dtype is the norms') or int4 group sizes differ.
     `mlp`: the dense MLP's (gate_up, down) projections, or a MoE block (its
     experts go to the kernel where it takes them all; else the block runs as is)."""
     moe = None if isinstance(mlp, tuple) else mlp
+    input_norm = norms.input
     # A MoE block with experts the kernel does not take still runs as a module after the attention half.
     candidates = [list(mlp)] if isinstance(mlp, tuple) else [p for p in (_expert_projections(mlp), []) if p is not None]
     for projections in candidates:
@@ -118,47 +144,52 @@ def fused_layer(
         mlp_tensors = tensors[2:]  # gate_up, down alternating (a MoE block: expert by expert)
         gate_up = [t for pair in mlp_tensors[0::2] for t in pair]
         down = [t for pair in mlp_tensors[1::2] for t in pair]
-        return FusedLayer(tensors[0], tensors[1], gate_up, down, input_norm, post_norm, groups.pop() if groups else 0,
-                          moe=moe)
+        return FusedLayer(tensors[0], tensors[1], gate_up, down, input_norm, norms.pre_mlp,
+                          groups.pop() if groups else 0, moe=moe, attn_out_norm=norms.attn_out,
+                          mlp_out_norm=norms.mlp_out)
     return None
 
 
 def with_extras(
     layer: FusedLayer, qkv_bias: torch.Tensor | None, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
-    options: AttentionOptions,
+    options: AttentionOptions, gelu: bool = False, local_rope: bool = False,
 ) -> FusedLayer | None:
-    """`layer` with the family's extras, or None if its attention is not what the kernel computes
-    (a softmax scale other than head_dim ** -0.5, soft-capped scores) or a bf16 layer has
-    extras other than a sliding window."""
-    if options.scale is not None or options.logit_softcap is not None:
-        return None
+    """`layer` with the family's extras, or None if a bf16 layer has q/k/v biases or
+    q/k norms (their bf16 rounding in the kernel is not checked against the module path's)."""
     if layer.input_norm.dtype != torch.float32 and (qkv_bias is not None or q_norm is not None or k_norm is not None):
         return None
-    return dataclasses.replace(layer, qkv_bias=qkv_bias, q_norm=q_norm, k_norm=k_norm, window=options.sliding_window)
+    return dataclasses.replace(
+        layer, qkv_bias=qkv_bias, q_norm=q_norm, k_norm=k_norm, window=options.sliding_window,
+        scale=options.scale or 0.0, softcap=options.logit_softcap or 0.0, gelu=gelu, local_rope=local_rope,
+    )
 
 
 def applies(meta: AttentionMetadata, num_tokens: int, dtype: torch.dtype = torch.float32) -> bool:
     return not meta.prefills and meta.num_decodes == num_tokens <= packed_min_rows(dtype)
 
 
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
 def run(
-    layers: list[FusedLayer], arch: ModelArch, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-    kv_caches: list[torch.Tensor], meta: AttentionMetadata,
+    layers: list[FusedLayer], arch: ModelArch, x: torch.Tensor, rope: Rope, kv_caches: list[torch.Tensor],
+    meta: AttentionMetadata, local_rope: Rope,
 ) -> torch.Tensor:
-    """The decoder layers over a decode-only step; returns the residual stream."""
+    """The decoder layers over a decode-only step; returns the residual stream.
+    `local_rope`: the tables of layers with `local_rope` (Gemma 3's window layers)."""
     a = arch
     tables = [g.block_tables for g in meta.decode_groups]
     lens = [g.context_lens for g in meta.decode_groups]
-    cos, sin = rope
     rotary_dim = a.rotary_dim or 0
     for f, kv_cache in zip(layers, kv_caches, strict=False):
+        cos, sin = local_rope if f.local_rope else rope
         rest = (
             f.group_size, f.input_norm, f.post_norm, a.rms_norm_eps, cos, sin, kv_cache, meta.slot_mapping,
             tables, lens, meta.block_size, a.num_heads, a.num_kv_heads, a.head_dim, f.qkv_bias, f.q_norm,
-            f.k_norm, rotary_dim, f.window,
+            f.k_norm, rotary_dim, f.window, f.scale, f.softcap, f.attn_out_norm,
         )
         if f.moe is None:
-            x = torch.ops.kiln.decode_layer(x, f.qkv, f.o, f.gate_up, f.down, *rest)
+            x = torch.ops.kiln.decode_layer(x, f.qkv, f.o, f.gate_up, f.down, *rest, f.mlp_out_norm, f.gelu)
         else:
             h, x = torch.ops.kiln.decode_attention(x, f.qkv, f.o, *rest)
             x = x + (moe_experts(f.moe, f, h) if f.gate_up else f.moe(h))

@@ -12,8 +12,9 @@ scale, sliding-window layers (alternating in Gemma 2, five of six in Gemma
 
 Kernels: RMSNorm (and the fused add + norm), rotary, the paged decode
 attention (with window and soft-cap), GeGLU and the linear kernels all take
-Kiln's CPU kernels; the one-call fused decode layer does not apply (its
-layer is Llama's).
+Kiln's CPU kernels; decode-only steps run each layer in one call
+(`kiln::decode_layer` with the sandwich norms, GeGLU, scale and soft-cap:
+kiln/llm/models/fused_decode.py), bit-identical to this forward.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 from kiln.llm.attention.backend import AttentionBackend
 from kiln.llm.attention.metadata import AttentionMetadata
 from kiln.llm.layers.norm import RMSNorm
+from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.llama import LlamaAttention, LlamaLayer, LlamaModel, Rope
 from kiln.llm.models.mlp import LlamaMLP
@@ -37,6 +39,14 @@ class GemmaLayer(LlamaLayer):
         attn = self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         h, x = self.pre_feedforward_layernorm.add_forward(self.post_attention_layernorm(attn), x)
         return x + self.post_feedforward_layernorm(self.mlp(h))
+
+    def decode_norms(self) -> fused_decode.LayerNorms | None:
+        if type(self) is not GemmaLayer:
+            return None
+        return fused_decode.LayerNorms(
+            self.input_layernorm.weight, self.pre_feedforward_layernorm.weight,
+            attn_out=self.post_attention_layernorm.weight, mlp_out=self.post_feedforward_layernorm.weight,
+        )
 
 
 class GemmaModel(LlamaModel):

@@ -37,6 +37,7 @@ from kiln.llm.models.moe import SparseMoeBlock
 from kiln.llm.models.weight_map import WeightMap
 from kiln.llm.quant.apply import HEAD_METHOD, quantize_linears, quantize_weight
 from kiln.llm.quant.formats.stored import QuantizedWeight, StoredWeights, settle_prequantized
+from kiln.llm.quant.q8_0_head import Q8_0Weight
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,13 @@ class LlamaLayer(nn.Module):
         h, x = self.post_attention_layernorm.add_forward(attn, x)
         return x + self.mlp(h)
 
+    def decode_norms(self) -> fused_decode.LayerNorms | None:
+        """This layer's norms as kiln::decode_layer applies them, or None if its
+        forward is not the one the kernel computes (a subclass's own)."""
+        if type(self) is not LlamaLayer:
+            return None
+        return fused_decode.LayerNorms(self.input_layernorm.weight, self.post_attention_layernorm.weight)
+
 
 class LlamaModel(nn.Module):
     def __init__(
@@ -159,6 +167,7 @@ class LlamaModel(nn.Module):
     def finish(
         self, device: torch.device, dtype: torch.dtype, quantization: str | None = None, group_size: int = 32,
         head_quantization: str | None = HEAD_METHOD, kv_cache_dtype: torch.dtype | None = None,
+        stored_head: Q8_0Weight | None = None,
     ) -> LlamaModel:
         """Make the loaded model ready to serve, in place (returns self):
         moved to `device`; the attention backend chosen for the device and the
@@ -170,7 +179,9 @@ class LlamaModel(nn.Module):
         stored quantized (load_weights installed them) and the rest float;
         "int4" also quantizes the float ones; "int8" quantizes every one
         (stored int4 dequantized first); "float" dequantizes every one. With
-        "int8"/"int4" the LM head gets a `head_quantization` copy (None: none).
+        "int8"/"int4" the LM head gets a `head_quantization` copy (None: none);
+        with None, a head the checkpoint stored as Q8_0 (`stored_head`) computes
+        the logits from its blocks (fp32 CPU models: bit-identical to the float head).
         Quantization precedes the cast, so codes come from the float32 weights."""
         settle_prequantized(self, device, keep=quantization in (None, "int4"))
         self.to(device=device)
@@ -183,6 +194,8 @@ class LlamaModel(nn.Module):
         pack_for_prefill(self)
         if self.logits_head is None:
             self.lm_head_packed = pack_linear_weight(self.lm_head)
+            if quantization is None and stored_head is not None:
+                self.logits_head = stored_head.head(self.lm_head, self.lm_head_packed)
         self.fused_layers = self.gather_fused_layers()
         return self
 
@@ -222,9 +235,9 @@ class LlamaModel(nn.Module):
         """Returns final hidden states [T, hidden] (normed)."""
         x = self.embed(input_ids)
         rope = self.rotary.tables(positions)
-        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0], x.dtype):
-            return self.norm(fused_decode.run(self.fused_layers, self.arch, x, rope, kv_caches, meta))
         local = self.local_rotary.tables(positions) if self.local_rotary is not None else rope
+        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0], x.dtype):
+            return self.norm(fused_decode.run(self.fused_layers, self.arch, x, rope, kv_caches, meta, local))
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=False):
             x = layer(x, local if layer.self_attn.uses_local_rope else rope, kv_cache, meta)
         return self.norm(x)
@@ -237,26 +250,22 @@ class LlamaModel(nn.Module):
             return None
         layers = []
         for layer in self.decoder_layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            if not (type(layer) is LlamaLayer and type(attn) is LlamaAttention
-                    and type(attn.backend) is TorchPagedAttention):
+            attn, mlp, norms = layer.self_attn, layer.mlp, layer.decode_norms()
+            if norms is None or not (type(attn) is LlamaAttention and type(attn.backend) is TorchPagedAttention):
                 return None
             # A dense MLP's projections go to the kernel; a MoE block's experts to kiln::moe_experts.
-            part: tuple[nn.Module, nn.Module] | SparseMoeBlock
-            if type(mlp) is LlamaMLP and isinstance(mlp, LlamaMLP) and mlp.hidden_act == "silu":  # isinstance: mypy
-                part = (mlp.gate_up_proj, mlp.down_proj)
-            elif type(mlp) is SparseMoeBlock:
-                part = mlp
-            else:
+            part = fused_decode.dense_mlp(mlp) or (mlp if type(mlp) is SparseMoeBlock else None)
+            if part is None:
                 return None
-            fused = fused_decode.fused_layer(
-                attn.qkv_proj, attn.o_proj, part, layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-            )
+            fused = fused_decode.fused_layer(attn.qkv_proj, attn.o_proj, part, norms)
             if fused is None:
                 return None
             q_norm = None if attn.q_norm is None else attn.q_norm.weight
             k_norm = None if attn.k_norm is None else attn.k_norm.weight
-            extended = fused_decode.with_extras(fused, attn.qkv_bias, q_norm, k_norm, attn.backend.options)
+            gelu = getattr(mlp, "hidden_act", "silu") == "gelu_tanh"
+            extended = fused_decode.with_extras(
+                fused, attn.qkv_bias, q_norm, k_norm, attn.backend.options, gelu, attn.uses_local_rope
+            )
             if extended is None:
                 return None
             layers.append(extended)

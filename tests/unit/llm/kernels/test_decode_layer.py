@@ -4,7 +4,9 @@ states and the KV pool must be bit-identical, for fp32, int8, int4 and
 bf16 models, one or several decode groups; and it stays out of steps it
 does not cover. Mixture-of-experts layers (Mixtral, Qwen3-MoE) fuse their
 attention half (kiln::decode_attention), route in Python and run their
-experts through kiln::moe_experts between calls: bit-identical too."""
+experts through kiln::moe_experts between calls: bit-identical too. So do
+Gemma 2 and 3's layers (sandwich norms, GeGLU, query_pre_attn_scalar's
+scale, soft-capped scores, window layers; Gemma 3's with their own rope)."""
 import dataclasses
 
 import pytest
@@ -16,6 +18,7 @@ from kiln.llm.kernels.ops import packed_min_rows
 from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch, MoEShape
+from kiln.llm.models.gemma import GemmaModel
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.moe import SparseMoeBlock
 from kiln.llm.runner.inputs import decode_group
@@ -32,13 +35,23 @@ MOE_ARCH = dataclasses.replace(
     ARCH, moe=MoEShape(num_experts=4, top_k=2, intermediate_size=128, renormalize=True, dense_layers=(1,))
 )
 BLOCK, BLOCKS_PER_SEQ = 16, 7
+# Gemma 2: window layers 0 and 2 (the window, 12, is shorter than most contexts of decode_step).
+GEMMA2_ARCH = dataclasses.replace(
+    ARCH, family="gemma2", norm_plus_one=True, sandwich_norms=True, hidden_act="gelu_tanh", embed_scale=128**0.5,
+    query_scale=24.0**-0.5, attn_logit_softcap=2.0, final_logit_softcap=30.0, layer_windows=(12, 0, 12),
+)
+GEMMA3_ARCH = dataclasses.replace(
+    GEMMA2_ARCH, family="gemma3", attn_logit_softcap=None, final_logit_softcap=None, qk_norm=True,
+    local_rope_theta=500.0,
+)
 
 
 def model_in(mode: str, arch: LlamaArch = ARCH) -> LlamaModel:
     torch.manual_seed(0)
-    model = LlamaModel(arch, max_positions=256)
+    model = (GemmaModel if arch.sandwich_norms else LlamaModel)(arch, max_positions=256)
     for name, p in model.named_parameters():
-        p.data.fill_(1.0) if "layernorm" in name or name == "norm.weight" else p.data.normal_(0, 0.05)
+        norm = "layernorm" in name or name == "norm.weight" or name.endswith("_norm.weight")
+        p.data.normal_(1.0, 0.1) if norm else p.data.normal_(0, 0.05)
     quantization = {"fp32": None, "bf16": None, "int8": "int8", "int4": "int4"}[mode]
     dtype = torch.bfloat16 if mode == "bf16" else torch.float32
     return model.finish(torch.device("cpu"), dtype, quantization, group_size=32)
@@ -98,6 +111,31 @@ def test_moe_layers_fuse_attention_and_experts_bit_identically(mode, qk_norm, in
     per_expert = (1 if mode in ("fp32", "bf16") else 2) if inter % 64 == 0 else 0  # [w], [w, scales], [codes, sm]
     assert len(layers[0].gate_up) == len(layers[0].down) == moe.num_experts * per_expert
     assert (layers[0].q_norm is not None) == qk_norm
+    ids, positions, pool, meta = decode_step(batch, model.embed_tokens.dtype)
+    fused_pool = [p.clone() for p in pool]
+    with torch.inference_mode():
+        fused = model(ids, positions, fused_pool, meta)
+        model.fused_layers = None
+        reference = model(ids, positions, pool, meta)
+    assert torch.equal(fused, reference)
+    assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool, strict=True))
+    model.fused_layers = layers
+
+
+@pytest.mark.parametrize(
+    "arch,mode",
+    [(GEMMA2_ARCH, "fp32"), (GEMMA2_ARCH, "int8"), (GEMMA2_ARCH, "int4"), (GEMMA2_ARCH, "bf16"),
+     (GEMMA3_ARCH, "fp32"), (GEMMA3_ARCH, "int4")],  # Gemma 3's q/k norms: fp32 models only
+)
+@pytest.mark.parametrize("batch", [1, 5, 20])
+def test_gemma_layers_fuse_bit_identically(arch, mode, batch):
+    model = model_in(mode, arch)
+    layers = model.fused_layers
+    assert layers is not None and all(f.gelu and f.attn_out_norm is not None and f.mlp_out_norm is not None
+                                      for f in layers)
+    assert [f.window for f in layers] == [12, 0, 12]
+    assert [f.local_rope for f in layers] == ([True, False, True] if arch.local_rope_theta else [False] * 3)
+    assert {f.softcap for f in layers} == {arch.attn_logit_softcap or 0.0}
     ids, positions, pool, meta = decode_step(batch, model.embed_tokens.dtype)
     fused_pool = [p.clone() for p in pool]
     with torch.inference_mode():
