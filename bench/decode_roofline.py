@@ -36,8 +36,13 @@ from kiln.llm.models.loader import load_checkpoint  # noqa: E402
 # (kiln/llm/quant/base.py); the model dtype only sets the activations between
 # layers and the KV cache.
 MODES = {
-    "fp32": dict(dtype="float32"),
-    "bf16": dict(dtype="bfloat16"),
+    # The default load of the Q4_1 GGUF keeps its int4 projections: "float" makes fp32/bf16 what they say.
+    "fp32": dict(dtype="float32", quantization="float"),
+    "bf16": dict(dtype="bfloat16", quantization="float"),
+    # What `kiln serve` runs: the stored Q4_1 projections kept int4, fp32 activations, logits
+    # from the stored Q8_0 head (-floathead: from its float copy, bit-identical, as before).
+    "default": dict(),
+    "default-floathead": dict(),
     "int8": dict(dtype="float32", quantization="int8"),
     "int4": dict(dtype="float32", quantization="int4"),
     "int8-bf16": dict(dtype="bfloat16", quantization="int8"),

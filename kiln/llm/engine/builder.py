@@ -22,6 +22,7 @@ from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.dtype_choice import DtypeChoice, checkpoint_dtype, choose_dtype
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.loader import load_checkpoint
+from kiln.llm.quant.q8_0_head import Q8_0Weight
 from kiln.llm.parallel.executor import ParallelRunner
 from kiln.llm.parallel.layout import check_splittable
 from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
@@ -40,10 +41,10 @@ log = logging.getLogger(__name__)
 def build_model(checkpoint: Checkpoint, config: EngineConfig, max_model_len: int) -> LlamaModel:
     model = registry.build_model(checkpoint.arch, max_model_len)
     model.load_weights(checkpoint.weights, checkpoint.source, checkpoint.quantized)
-    return finish_model(model, config)
+    return finish_model(model, config, checkpoint.stored_head)
 
 
-def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
+def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weight | None = None) -> LlamaModel:
     """A loaded model, finished as the config asks (LlamaModel.finish); a dtype
     left "auto" is decided here (build_engine_core decides and logs it first)."""
     device = require_device(config.model.device)
@@ -51,7 +52,8 @@ def finish_model(model: LlamaModel, config: EngineConfig) -> LlamaModel:
         config = dataclasses.replace(config, model=dataclasses.replace(
             config.model, dtype=choose_dtype("auto", config.model.device, None).dtype))
     m = config.model
-    return model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config))
+    return model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config),
+                        stored_head=stored_head)
 
 
 def resolve_dtype(config: EngineConfig, stored: torch.dtype | None, keeps_int4: bool = False) -> EngineConfig:

@@ -1,5 +1,6 @@
 // fp32-activation linear for CPU: y[M,N] = x[M,K] @ w[N,K]^T, weights as
-// stored: fp32, bf16, int8 with a per-row scale, or int4 in groups with an
+// stored: fp32, bf16, int8 with a per-row scale, int8 in GGUF's Q8_0 blocks
+// of 32 with a scale each (a kept Q8_0 LM head), or int4 in groups with an
 // fp16 or fp32 scale and min per group (weight-only quantization; the codes
 // are widened in registers, never in memory). bf16 weights here are the AVX2
 // build's `linear_bf16` (fp32 arithmetic); the AVX512_BF16 build has its own
@@ -62,8 +63,15 @@ using kiln_simd::load8;
 #define KILN_INT4_SINGLE_ROW_COLS 4
 #endif
 
-// fp32, bf16 or int8 weight rows [N, K] (int8: scale[n] applied to the finished sum).
-template <typename W>
+// Weights per scale of a Q8_0 block (GGUF): int8 codes, one scale per 32.
+constexpr int64_t kQ8Block = 32;
+
+// fp32, bf16 or int8 weight rows [N, K] (int8: scale[n] applied to the
+// finished sum; with kBlockScales, Q8_0 blocks: each weight times its
+// block's fp32 scale, block_scale[n, k / 32], in registers: an int8 code
+// times an fp16-exact scale is exact in fp32, so w equals the float weight
+// gguf dequantizes, and the dot product is the fp32 kernel's, bit for bit).
+template <typename W, bool kBlockScales = false>
 struct DenseProblem {
   static constexpr int kWideRows = 4, kWideCols = 3, kSingleRowCols = KILN_DENSE_SINGLE_ROW_COLS;
   const float* x;
@@ -71,6 +79,7 @@ struct DenseProblem {
   const float* scale;
   float* y;
   int64_t K, N;
+  const float* block_scale = nullptr;  // [N, K / kQ8Block] with kBlockScales
 
   int64_t row_bytes() const { return K * static_cast<int64_t>(sizeof(W)); }
   int64_t x_row_bytes() const { return K * 4; }
@@ -93,6 +102,9 @@ struct DenseProblem {
           _mm_prefetch(reinterpret_cast<const char*>(wr + (kPrefetchPasses * NR + n) * K + k), _MM_HINT_T0);
       __m256 wv[NR];
       for (int n = 0; n < NR; ++n) wv[n] = load8(wr + n * K + k);
+      if constexpr (kBlockScales)
+        for (int n = 0; n < NR; ++n)
+          wv[n] = _mm256_mul_ps(wv[n], _mm256_set1_ps(block_scale[(n0 + n) * (K / kQ8Block) + k / kQ8Block]));
       for (int m = 0; m < MR; ++m) {
         const __m256 xv = _mm256_loadu_ps(xr + m * K + k);
         for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
@@ -194,13 +206,13 @@ void check_operands(const at::Tensor& x, const at::Tensor& w, int64_t k, at::Sca
   TORCH_CHECK(w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(), name, ": contiguous CPU weight required");
 }
 
-template <typename W>
-at::Tensor dense(const at::Tensor& x_in, const at::Tensor& w, const float* scale) {
+template <typename W, bool kBlockScales = false>
+at::Tensor dense(const at::Tensor& x_in, const at::Tensor& w, const float* scale, const float* block_scale = nullptr) {
   const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
-  const DenseProblem<W> p{x.const_data_ptr<float>(), w.const_data_ptr<W>(), scale, y.mutable_data_ptr<float>(),
-                          x.size(1), w.size(0)};
-  Kernels<DenseProblem<W>>::run(p, x.size(0));
+  const DenseProblem<W, kBlockScales> p{x.const_data_ptr<float>(), w.const_data_ptr<W>(), scale,
+                                        y.mutable_data_ptr<float>(), x.size(1), w.size(0), block_scale};
+  Kernels<DenseProblem<W, kBlockScales>>::run(p, x.size(0));
   return y;
 }
 
@@ -215,6 +227,17 @@ at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   const at::Tensor scales = scales_in.contiguous();
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == w.size(0), "linear_w8: fp32 scales [N] required");
   return dense<int8_t>(x, w, scales.const_data_ptr<float>());
+}
+
+// x fp32 [M, K] @ (Q8_0 blocks: w int8 [N, K] * scales fp32 [N, K / 32] per block)^T:
+// bit-identical to linear_f32 on the dequantized weight (see DenseProblem).
+at::Tensor linear_q8_0(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales_in) {
+  check_operands(x, w, w.size(1), at::kChar, "linear_q8_0");
+  TORCH_CHECK(w.size(1) % kQ8Block == 0, "linear_q8_0: K must be a multiple of 32");
+  const at::Tensor scales = scales_in.contiguous();
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == w.size(0) * (w.size(1) / kQ8Block),
+              "linear_q8_0: fp32 scales [N, K / 32] required");
+  return dense<int8_t, true>(x, w, nullptr, scales.const_data_ptr<float>());
 }
 
 template <typename P>
@@ -290,6 +313,7 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("linear_f32(Tensor x, Tensor w) -> Tensor");
   m.def("linear_w8(Tensor x, Tensor w, Tensor scales) -> Tensor");
   m.def("linear_w4(Tensor x, Tensor codes, Tensor scale_min, int group_size) -> Tensor");
+  m.def("linear_q8_0(Tensor x, Tensor w, Tensor scales) -> Tensor");
   m.def("linear_bf16(Tensor x, Tensor w) -> Tensor");
   m.def("linear_bf16_widen(Tensor x, Tensor w) -> Tensor");
   m.def("linear_w8_fp32x(Tensor x, Tensor w, Tensor scales) -> Tensor");
@@ -299,6 +323,7 @@ TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("linear_f32", linear_f32);
   m.impl("linear_w8", kiln::linear_w8);
   m.impl("linear_w4", kiln::linear_w4);
+  m.impl("linear_q8_0", linear_q8_0);
   m.impl("linear_w4_fp32x", ::linear_w4);
   m.impl("linear_bf16_widen", linear_bf16_widen);
   m.impl("linear_w8_fp32x", ::linear_w8);

@@ -156,6 +156,17 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> to
     return torch.ops.kiln.linear_w8(x, weight, scales)
 
 
+def linear_q8_0(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """x [M, K] fp32 @ (codes int8 [N, K] * scales fp32 [N, K/32], one per block of 32: GGUF's
+    Q8_0)^T, bit-identical to linear_f32 on the dequantized weight, or None where linear_f32
+    would not apply (too many rows, not fp32 CPU, library absent)."""
+    if x.dim() != 2 or x.shape[0] > LINEAR_MAX_ROWS or not _weight_only_applies(
+        x, codes, torch.int8, scales, torch.float32
+    ):
+        return None
+    return torch.ops.kiln.linear_q8_0(x, codes, scales)
+
+
 def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor | None:
     """x [M, K] fp32 @ int4-group weights^T (codes uint8 [N, K/2], scale_min
     fp16 or fp32 [N, K/G, 2]; layout in linear_f32.cpp's Int4Problem) with

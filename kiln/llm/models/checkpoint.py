@@ -19,6 +19,7 @@ from kiln.errors import ModelLoadError
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.registry import expected_weight_shapes
 from kiln.llm.quant.formats.stored import QuantizedWeight
+from kiln.llm.quant.q8_0_head import Q8_0Weight
 
 
 @dataclass
@@ -33,11 +34,14 @@ class Checkpoint:
     source: str
     # HF names -> projections kept in their stored quantized form (absent from `weights`).
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    # The LM head's stored Q8_0 blocks (GGUF), beside its float copy in `weights`
+    # (which the embedding lookup reads): an fp32 model computes logits from them.
+    stored_head: Q8_0Weight | None = None
 
     def without_weights(self) -> Checkpoint:
         """This checkpoint's description (arch, tokenizer, source) without its tensors:
         what an engine keeps once its model holds the weights in its own layout."""
-        return dataclasses.replace(self, weights={}, quantized={})
+        return dataclasses.replace(self, weights={}, quantized={}, stored_head=None)
 
     def dequantized_weights(self) -> dict[str, torch.Tensor]:
         """Every weight as a float tensor (quantized projections dequantized)."""

@@ -27,7 +27,7 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
@@ -38,6 +38,7 @@ from kiln.llm.models.gguf_meta import GLOBAL_NAMES, GGUFMeta, GGUFNaming
 from kiln.llm.models.registry import family_for_gguf, family_of
 from kiln.llm.quant.formats.gguf_blocks import EXACT_INT4_TYPES, gguf_int4_weight
 from kiln.llm.quant.formats.stored import FLOAT_ONLY, QuantizedWeight
+from kiln.llm.quant.q8_0_head import Q8_0Weight, q8_0_weight
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,18 @@ class GGUFFile:
             weight = weight.take_rows(torch.from_numpy(rows.copy()))
         return weight
 
+    def read_q8_0_head(self) -> Q8_0Weight | None:
+        """The LM head's Q8_0 blocks (the output tensor, or the token embedding
+        of a tied head) when the file stores it as Q8_0, else None."""
+        name = "lm_head.weight" if "lm_head.weight" in self._pieces else "model.embed_tokens.weight"
+        piece = self._pieces.get(name)
+        if piece is None or piece.expert is not None or piece.tensor.tensor_type != GGMLQuantizationType.Q8_0:
+            return None
+        if name != "lm_head.weight" and not self.arch.tie_word_embeddings:
+            return None
+        with _corrupt_as_load_error(self.path):
+            return q8_0_weight(piece.tensor.data, *self.shapes[name])
+
     def _qk_heads(self, name: str) -> int | None:
         """The head count whose row permutation the converter applied to `name`, if any."""
         if not self.naming.permute_qk:
@@ -231,7 +244,8 @@ def load_gguf(path: Path) -> Checkpoint:
         "%s: %d projections kept in their stored int4 blocks; dequantized to float32: %s", path, len(quantized),
         ", ".join(f"{n} {t}" for t, n in sorted(dequantized.items())) or "none",
     )
-    return Checkpoint(arch=file.arch, weights=weights, tokenizer_path=str(path), source=str(path), quantized=quantized)
+    return Checkpoint(arch=file.arch, weights=weights, tokenizer_path=str(path), source=str(path), quantized=quantized,
+                      stored_head=file.read_q8_0_head())
 
 
 def _hf_names(gguf_name: str, naming: GGUFNaming, arch: ModelArch, path: Path) -> list[tuple[str, int | None]]:

@@ -1,0 +1,80 @@
+"""The LM head kept in GGUF's Q8_0 blocks: int8 codes, one fp16 scale per 32.
+
+Most GGUF files store the token embedding (the tied LM head) or the output
+tensor as Q8_0. Loaded as float, the head is the largest tensor a decode
+step reads (SmolLM2: 113 MB of its 180 MB). Kept as stored, it is 30 MB;
+`linear_q8_0` multiplies each code by its block's scale in registers (exact
+in fp32: an int8 times an fp16), which is the float weight gguf dequantizes,
+and accumulates as linear_f32 does: the logits are bit-identical to the
+float head's. So the head takes the kernel exactly where the float head would
+take linear_f32 (fp32 CPU activations, up to LINEAR_MAX_ROWS rows, the
+packed oneDNN copy not chosen), and the float path everywhere else: no step
+of any size computes other logits than before.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from kiln.llm.kernels.ops import kernels_loaded, linear_q8_0, packed_min_rows
+from kiln.llm.layers.linear import project
+
+BLOCK = 32
+BLOCK_BYTES = 2 + BLOCK  # fp16 d, then 32 int8 codes
+
+
+@dataclass(frozen=True)
+class Q8_0Weight:
+    codes: torch.Tensor  # int8 [N, K]
+    scales: torch.Tensor  # float32 [N, K / 32], exact fp16 values
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.codes.shape[0]), int(self.codes.shape[1])
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [N, K]: code * scale, as gguf dequantizes Q8_0."""
+        n, k = self.shape
+        return (self.codes.float().view(n, k // BLOCK, BLOCK) * self.scales.unsqueeze(-1)).view(n, k)
+
+    def head(self, weight: torch.Tensor, packed: torch.Tensor | None) -> Q8_0Head | None:
+        """The logits head over these blocks for a model whose float head is `weight`
+        (its oneDNN copy `packed`), or None where the kernel never applies (not an
+        fp32 CPU model, library absent, another shape)."""
+        usable = weight.dtype == torch.float32 and weight.device.type == "cpu" and kernels_loaded()
+        if not usable or tuple(weight.shape) != self.shape:
+            return None
+        return Q8_0Head(self, weight, packed)
+
+
+def q8_0_weight(raw: np.ndarray, rows: int, cols: int) -> Q8_0Weight:
+    """The raw bytes of a Q8_0 tensor [rows, cols] (rows of whole 34-byte blocks)."""
+    if cols % BLOCK or raw.size != rows * cols // BLOCK * BLOCK_BYTES:
+        raise ValueError(f"not a Q8_0 tensor of shape [{rows}, {cols}]")
+    blocks = np.ascontiguousarray(raw).reshape(rows, cols // BLOCK, BLOCK_BYTES)
+    scales = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
+    return Q8_0Weight(torch.from_numpy(codes), torch.from_numpy(scales))
+
+
+class Q8_0Head(nn.Module):
+    """Computes the logits of `project(x, weight, packed)` (the float head), bit for bit,
+    reading the Q8_0 blocks where that would run linear_f32."""
+
+    def __init__(self, blocks: Q8_0Weight, weight: torch.Tensor, packed: torch.Tensor | None):
+        super().__init__()
+        self.register_buffer("codes", blocks.codes.contiguous())
+        self.register_buffer("scales", blocks.scales.contiguous())
+        # Plain attributes: the model owns them (the embedding table, its oneDNN copy).
+        self.float_weight, self.packed = weight, packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        takes_packed = self.packed is not None and x.dtype == self.packed.dtype and x.shape[0] > packed_min_rows(x.dtype)
+        y = None if takes_packed else linear_q8_0(x, self.codes, self.scales)
+        return project(x, self.float_weight, self.packed) if y is None else y
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.codes.shape[1]}, out_features={self.codes.shape[0]}, Q8_0 blocks of {BLOCK}"
