@@ -41,6 +41,7 @@
 // weighted outputs in ascending expert order instead. In Python the ~8 torch
 // ops per expert cost ~1 ms per layer at 16 tokens (a quarter of the block).
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -137,6 +138,35 @@ at::Tensor expert_mlp(const at::Tensor& x, at::TensorList gate_up_w, at::TensorL
   return project(kiln::silu_mul(project(x, gate_up_w, group_size)), down_w, group_size);
 }
 
+// The grouped loop's gather and scatter as plain loops (as index_select and
+// `out.index_add_(0, rows, y * w)` compute them: a product rounded to the
+// dtype, then a sum rounded to it; -ffp-contract=off keeps them two
+// roundings): the ~6 ATen ops per expert they replace cost more than the
+// arithmetic at decode sizes. Pair p is token p / k.
+template <typename T>
+void gather_rows(const at::Tensor& x, const std::vector<int64_t>& pairs, int64_t k, const at::Tensor& rows) {
+  const int64_t H = x.size(1);
+  const T* src = x.const_data_ptr<T>();
+  T* dst = rows.mutable_data_ptr<T>();
+  for (size_t i = 0; i < pairs.size(); ++i) std::copy_n(src + pairs[i] / k * H, H, dst + i * H);
+}
+
+template <typename T>
+void add_weighted_rows(const at::Tensor& y_in, const at::Tensor& weights, const std::vector<int64_t>& pairs,
+                       int64_t k, at::Tensor& out) {
+  const at::Tensor y = y_in.contiguous();
+  const int64_t H = out.size(1);
+  const T* yp = y.const_data_ptr<T>();
+  const T* wp = weights.const_data_ptr<T>();
+  T* op = out.mutable_data_ptr<T>();
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    T* o = op + pairs[i] / k * H;
+    const T* yi = yp + i * H;
+    const T w = wp[pairs[i]];
+    for (int64_t c = 0; c < H; ++c) o[c] = o[c] + static_cast<T>(yi[c] * w);
+  }
+}
+
 // h [T, H]; ids [T, k] int64 and weights [T, k] (h's dtype) from routing;
 // gate_up_w / down_w: every expert's projection tensors, expert e's at
 // [e * per, (e + 1) * per) with per = len / num_experts.
@@ -171,14 +201,16 @@ at::Tensor moe_experts(const at::Tensor& h, const at::Tensor& ids_in, const at::
     TORCH_CHECK(id[p] >= 0 && id[p] < num_experts, "moe_experts: expert id out of range");
     pairs[id[p]].push_back(p);
   }
-  const at::Tensor flat_weights = weights.reshape({-1});
-  at::Tensor out = at::zeros_like(h);
+  const at::Tensor x = h.contiguous(), flat_weights = weights.reshape({-1}).contiguous();
+  TORCH_CHECK(flat_weights.scalar_type() == x.scalar_type(), "moe_experts: weights in h's dtype required");
+  at::Tensor out = at::zeros_like(x);
   for (int64_t e = 0; e < num_experts; ++e) {
     if (pairs[e].empty()) continue;
-    const int64_t n = static_cast<int64_t>(pairs[e].size());
-    const at::Tensor order = at::from_blob(pairs[e].data(), {n}, at::kLong);
-    const at::Tensor rows = at::floor_divide(order, k);
-    out.index_add_(0, rows, expert(e, h.index_select(0, rows)) * flat_weights.index_select(0, order).unsqueeze(1));
+    const at::Tensor rows = at::empty({static_cast<int64_t>(pairs[e].size()), x.size(1)}, x.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "moe_experts", [&] {
+      gather_rows<scalar_t>(x, pairs[e], k, rows);
+      add_weighted_rows<scalar_t>(expert(e, rows), flat_weights, pairs[e], k, out);
+    });
   }
   return out;
 }
