@@ -22,11 +22,11 @@ from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.models.dtype_choice import DtypeChoice, checkpoint_dtype, choose_dtype
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.loader import load_checkpoint
-from kiln.llm.quant.q8_0_head import Q8_0Weight
 from kiln.llm.parallel.executor import ParallelRunner
 from kiln.llm.parallel.layout import check_splittable
 from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
 from kiln.llm.parallel.weights import DictReader, open_weights
+from kiln.llm.quant.q8_0_head import Q8_0Weight
 from kiln.llm.runner.cuda_graphs import build_cuda_graphs
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
 from kiln.llm.spec_decode.draft_model import DraftModelProposer, truncated_model

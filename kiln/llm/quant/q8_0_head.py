@@ -64,6 +64,9 @@ class Q8_0Head(nn.Module):
     """Computes the logits of `project(x, weight, packed)` (the float head), bit for bit,
     reading the Q8_0 blocks where that would run linear_f32."""
 
+    codes: torch.Tensor  # int8 [N, K]
+    scales: torch.Tensor  # float32 [N, K / 32]
+
     def __init__(self, blocks: Q8_0Weight, weight: torch.Tensor, packed: torch.Tensor | None):
         super().__init__()
         self.register_buffer("codes", blocks.codes.contiguous())
@@ -72,7 +75,8 @@ class Q8_0Head(nn.Module):
         self.float_weight, self.packed = weight, packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        takes_packed = self.packed is not None and x.dtype == self.packed.dtype and x.shape[0] > packed_min_rows(x.dtype)
+        packed = self.packed
+        takes_packed = packed is not None and x.dtype == packed.dtype and x.shape[0] > packed_min_rows(x.dtype)
         y = None if takes_packed else linear_q8_0(x, self.codes, self.scales)
         return project(x, self.float_weight, self.packed) if y is None else y
 

@@ -32,7 +32,8 @@ def test_prompt_logits_match_transformers(ref):
 
 def test_engine_matches_transformers_with_caching_chunking_and_preemption(ref):
     llm = tiny.check_engine_matches_hf(ref)
-    assert llm.engine.core.runner.model.fused_layers is not None  # the fused decode layer takes the sandwich norms, GeGLU, scale and soft-cap
+    # the fused decode layer takes the sandwich norms, GeGLU, scale and soft-cap
+    assert llm.engine.core.runner.model.fused_layers is not None
 
 
 def test_speculative_decoding_and_int8(ref):

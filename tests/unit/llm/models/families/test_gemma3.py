@@ -33,7 +33,8 @@ def test_prompt_logits_match_transformers(ref):
 
 def test_engine_matches_transformers_with_caching_chunking_and_preemption(ref):
     llm = tiny.check_engine_matches_hf(ref)
-    assert llm.engine.core.runner.model.fused_layers is not None  # the fused decode layer takes the sandwich norms, q/k norms and the local rope
+    # the fused decode layer takes the sandwich norms, q/k norms and the local rope
+    assert llm.engine.core.runner.model.fused_layers is not None
 
 
 def test_speculative_decoding_and_int8(ref):
