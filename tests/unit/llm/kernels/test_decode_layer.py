@@ -74,6 +74,20 @@ def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
     return ids, torch.tensor(ctx) - 1, pool, meta
 
 
+def assert_fused_step_is_the_module_path(model: LlamaModel, batch: int, pool_dtype: torch.dtype) -> None:
+    """One decode step with the fused layers and one through the modules: hidden states and pools equal."""
+    ids, positions, pool, meta = decode_step(batch, pool_dtype)
+    fused_pool = [p.clone() for p in pool]
+    layers = model.fused_layers
+    with torch.inference_mode():
+        fused = model(ids, positions, fused_pool, meta)
+        model.fused_layers = None
+        reference = model(ids, positions, pool, meta)
+    model.fused_layers = layers
+    assert torch.equal(fused, reference)
+    assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool, strict=True))
+
+
 @pytest.mark.parametrize(
     "mode,pool_dtype",
     [("fp32", torch.float32), ("int8", torch.float32), ("int4", torch.float32),
@@ -84,15 +98,7 @@ def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
 def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch):
     model = model_in(mode)
     assert model.fused_layers is not None and len(model.fused_layers) == ARCH.num_layers
-    ids, positions, pool, meta = decode_step(batch, pool_dtype)
-    fused_pool = [p.clone() for p in pool]
-    with torch.inference_mode():
-        fused = model(ids, positions, fused_pool, meta)
-        model.fused_layers, layers = None, model.fused_layers
-        reference = model(ids, positions, pool, meta)
-    assert torch.equal(fused, reference)
-    assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool, strict=True))
-    model.fused_layers = layers
+    assert_fused_step_is_the_module_path(model, batch, pool_dtype)
 
 
 @pytest.mark.parametrize(
@@ -111,15 +117,7 @@ def test_moe_layers_fuse_attention_and_experts_bit_identically(mode, qk_norm, in
     per_expert = (1 if mode in ("fp32", "bf16") else 2) if inter % 64 == 0 else 0  # [w], [w, scales], [codes, sm]
     assert len(layers[0].gate_up) == len(layers[0].down) == moe.num_experts * per_expert
     assert (layers[0].q_norm is not None) == qk_norm
-    ids, positions, pool, meta = decode_step(batch, model.embed_tokens.dtype)
-    fused_pool = [p.clone() for p in pool]
-    with torch.inference_mode():
-        fused = model(ids, positions, fused_pool, meta)
-        model.fused_layers = None
-        reference = model(ids, positions, pool, meta)
-    assert torch.equal(fused, reference)
-    assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool, strict=True))
-    model.fused_layers = layers
+    assert_fused_step_is_the_module_path(model, batch, model.embed_tokens.dtype)
 
 
 @pytest.mark.parametrize(
@@ -136,15 +134,7 @@ def test_gemma_layers_fuse_bit_identically(arch, mode, batch):
     assert [f.window for f in layers] == [12, 0, 12]
     assert [f.local_rope for f in layers] == ([True, False, True] if arch.local_rope_theta else [False] * 3)
     assert {f.softcap for f in layers} == {arch.attn_logit_softcap or 0.0}
-    ids, positions, pool, meta = decode_step(batch, model.embed_tokens.dtype)
-    fused_pool = [p.clone() for p in pool]
-    with torch.inference_mode():
-        fused = model(ids, positions, fused_pool, meta)
-        model.fused_layers = None
-        reference = model(ids, positions, pool, meta)
-    assert torch.equal(fused, reference)
-    assert all(torch.equal(a, b) for a, b in zip(fused_pool, pool, strict=True))
-    model.fused_layers = layers
+    assert_fused_step_is_the_module_path(model, batch, model.embed_tokens.dtype)
 
 
 def test_applies_only_to_small_decode_only_steps():

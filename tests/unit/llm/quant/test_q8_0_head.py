@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.kernels.ops import kernels_loaded, pack_linear_weight
@@ -17,7 +17,7 @@ from kiln.llm.layers.linear import project
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.quant.int8 import Int8Linear
 from kiln.llm.quant.q8_0_head import Q8_0Head, q8_0_weight
-from tests.unit.llm.quant.formats.compare import kiln_logits, kiln_model
+from tests.unit.llm.quant.formats.compare import kiln_logits, kiln_model, small_llama
 from tests.unit.llm.quant.formats.writers import write_gguf
 
 # kernels_loaded() also loads the library (the ops are called directly here).
@@ -79,11 +79,7 @@ def test_head_computes_the_float_heads_logits_on_every_path(packed):
 
 @pytest.fixture(scope="module")
 def float_model() -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=False, rope_theta=10000.0)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return small_llama(128)
 
 
 @kernels

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from unittest import mock
 
 import torch
-from transformers import LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from kiln.config import EngineConfig
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
@@ -34,6 +34,15 @@ def int8_activations() -> Iterator[None]:
     """Kiln's int4 layers on linear_w4a8 (x quantized to int8 in groups of 32)."""
     with mock.patch.object(int4_cpu, "linear_w4", ops.linear_w4a8):
         yield
+
+
+def small_llama(hidden_size: int) -> LlamaForCausalLM:
+    """A seeded 2-layer float Llama (vocab 512, MLP twice as wide), untied, no tokenizer needed."""
+    config = LlamaConfig(vocab_size=512, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, tie_word_embeddings=False, rope_theta=10000.0)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
 
 
 def hf_logits(model: LlamaForCausalLM, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:

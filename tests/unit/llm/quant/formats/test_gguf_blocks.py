@@ -12,7 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import Q4_K, dequantize, quantize
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from kiln.errors import ModelLoadError
 from kiln.llm.layers.linear import Linear
@@ -21,7 +21,7 @@ from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.quant.formats.gguf_blocks import gguf_int4_weight, q4_k_scale_min
 from kiln.llm.quant.formats.int4_weight import Int4Weight
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
-from tests.unit.llm.quant.formats.compare import check_int4_logits, hf_logits, kiln_model
+from tests.unit.llm.quant.formats.compare import check_int4_logits, hf_logits, kiln_model, small_llama
 from tests.unit.llm.quant.formats.writers import encode, write_gguf
 
 ATTN = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.o_proj.weight")
@@ -40,12 +40,8 @@ FILES = {
 
 @pytest.fixture(scope="module")
 def float_model() -> LlamaForCausalLM:
-    """K-quants need rows of 256: a small Llama with hidden 256 (no tokenizer needed)."""
-    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=False, rope_theta=10000.0)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    """K-quants need rows of 256: a small Llama with hidden 256."""
+    return small_llama(256)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q4_K])
