@@ -24,10 +24,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight) if y is None else y
 
 
+def takes_packed(x: torch.Tensor, packed: torch.Tensor | None) -> bool:
+    """Whether `project` runs x through the oneDNN copy: there is one, x is in its
+    dtype and has more than packed_min_rows(dtype) rows."""
+    return packed is not None and x.dim() == 2 and x.dtype == packed.dtype and x.shape[0] > packed_min_rows(x.dtype)
+
+
 def project(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight^T, through `packed` (weight's oneDNN copy) when there is
-    one, x is in its dtype and has more than packed_min_rows(dtype) rows."""
-    if packed is not None and x.dim() == 2 and x.dtype == packed.dtype and x.shape[0] > packed_min_rows(x.dtype):
+    """x @ weight^T, through `packed` (weight's oneDNN copy) where `takes_packed`, else `linear`."""
+    if packed is not None and takes_packed(x, packed):
         return linear_packed(x, packed)
     return linear(x, weight)
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from kiln.llm.kernels.ops import kernels_loaded, linear_q8_0, packed_min_rows
-from kiln.llm.layers.linear import project
+from kiln.llm.kernels.ops import kernels_loaded, linear_q8_0
+from kiln.llm.layers.linear import project, takes_packed
 
 BLOCK = 32
 BLOCK_BYTES = 2 + BLOCK  # fp16 d, then 32 int8 codes
@@ -75,9 +75,7 @@ class Q8_0Head(nn.Module):
         self.float_weight, self.packed = weight, packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        packed = self.packed
-        takes_packed = packed is not None and x.dtype == packed.dtype and x.shape[0] > packed_min_rows(x.dtype)
-        y = None if takes_packed else linear_q8_0(x, self.codes, self.scales)
+        y = None if takes_packed(x, self.packed) else linear_q8_0(x, self.codes, self.scales)
         return project(x, self.float_weight, self.packed) if y is None else y
 
     def extra_repr(self) -> str:
