@@ -19,6 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import kiln
 from kiln.dataplane.dataplane import DataPlane
@@ -34,6 +35,25 @@ from kiln.frontends.web import dashboard
 
 log = logging.getLogger(__name__)
 OPENAPI_PATH = "/openapi.json"
+
+
+class KilnApp(FastAPI):
+    """FastAPI behind a front door: every HTTP request first passes `front`
+    (the API key check, then the KServe infer fast path), and only what the
+    front passes on pays for FastAPI's own per-request machinery (its
+    telemetry check, middleware stack and router): on a small model those
+    cost as much as the inference."""
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is not None and scope["type"] == "http":
+            await self.front(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def behind_front(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
 
 
 def build_app(dataplane: DataPlane, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
@@ -54,15 +74,16 @@ def build_app(dataplane: DataPlane, on_fatal: Callable[[str], None] | None = Non
 
     # The OpenAPI document (every route, every JSON body) is served at /openapi.json,
     # behind the API key like every route but health, metrics and version.
-    app = FastAPI(title="Kiln", version=kiln.__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+    app = KilnApp(title="Kiln", version=kiln.__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=OPENAPI_PATH)
     app.state.dataplane = dataplane
     install_error_handlers(app)
-    app.add_middleware(InferFastPath, dataplane=dataplane)  # added first: runs after (inside) the API key check
+    front: ASGIApp = InferFastPath(app.behind_front, dataplane)
     if dataplane.config.api_key:
         probes = frozenset() if dataplane.config.protect_health else OPEN_PATHS
-        app.add_middleware(ApiKeyMiddleware, api_key=dataplane.config.api_key,
-                           open_paths=probes | dashboard.OPEN_PATHS, open_prefixes=dashboard.OPEN_PREFIXES)
+        front = ApiKeyMiddleware(front, api_key=dataplane.config.api_key,
+                                 open_paths=probes | dashboard.OPEN_PATHS, open_prefixes=dashboard.OPEN_PREFIXES)
+    app.front = front
     app.include_router(ops_router(dataplane))
     app.include_router(dashboard.dashboard_router(dataplane))
     app.mount(dashboard.STATIC_PREFIX, dashboard.static_files(), name="dashboard-static")

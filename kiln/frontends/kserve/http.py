@@ -156,10 +156,13 @@ async def _until_disconnect(request: Request) -> None:
 
 async def _cancel_on_disconnect(request: Request, work):
     """Await `work` in this task; cancel it if the client goes away first.
-    (One watcher task per request: the work itself runs in the caller's task.)"""
+    The watcher task starts only if `work` suspends: a fast model's request
+    (kiln/serving/batching/batcher.py `_run_now`) finishes without ever
+    yielding to the loop, and then the scheduled start is simply dropped."""
     task = asyncio.current_task()
     assert task is not None  # invariant: called from a coroutine under a running loop
     gone = False
+    watcher: asyncio.Future | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -167,7 +170,11 @@ async def _cancel_on_disconnect(request: Request, work):
         gone = True
         task.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    start = asyncio.get_running_loop().call_soon(start_watching)
     try:
         return await work
     except asyncio.CancelledError:
@@ -176,7 +183,9 @@ async def _cancel_on_disconnect(request: Request, work):
         task.uncancel()
         raise ClientGone from None
     finally:
-        watcher.cancel()
+        start.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
 def _version(version: str | None) -> str:

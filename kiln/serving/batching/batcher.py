@@ -7,7 +7,10 @@ max_queue_delay_ms; it leaves earlier when waiting would gather nobody
 (`WaitPolicy`: recent waits gathered nobody, or the batch holds as many rows
 as were lately outstanding at once). The batch runs on the instance's own
 thread, or on the event loop's when the model is fast enough that the
-thread hops would cost more (`InlineEstimate`).
+thread hops would cost more (`InlineEstimate`). Such a fast model's request
+that finds the queue empty and an instance's worker parked (idle, no batch
+in hand) runs at once in the submitting task, as that worker would have run
+it alone, without the trip through the queue (`_run_now`).
 
 Invariants:
 - every submitted request gets exactly one outcome: a result, its own error,
@@ -94,6 +97,8 @@ class DynamicBatcher:
         self._started = False
         self._workers: list[asyncio.Task] = []
         self._executors = [ThreadPoolExecutor(1, thread_name_prefix=f"kiln-{config.name}") for _ in instances]
+        self._inline = [InlineEstimate() for _ in instances]
+        self._parked: set[int] = set()  # instances whose worker waits for work with no batch in hand
         self._closed = False
 
     # ------------------------------------------------------------ submit
@@ -115,22 +120,57 @@ class DynamicBatcher:
         if self.max_queue and len(self._queue) >= self.max_queue:
             raise OverloadedError(f"Exceeds maximum queue size ({self.max_queue}) of model '{self.config.name}'")
         priority = request_priority(request)
+        rows = request.batch_size() if self.config.max_batch_size else 1
+        self._policy.arrived(rows, time.perf_counter_ns())
+        try:
+            index = self._instance_for_now(rows)
+            if index is not None:
+                return self._run_now(index, request, rows)
+            return await self._queued(request, priority, rows)
+        finally:
+            self._policy.answered(rows)
+
+    async def _queued(self, request: InferRequest, priority: int, rows: int) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
-        item = _Item(request, request.batch_size() if self.config.max_batch_size else 1, loop.create_future())
+        item = _Item(request, rows, loop.create_future())
         item.key = (priority * self.aging_s + item.enqueued_ns / 1e9 if self.aging_s else priority, next(_arrivals))
         timeout = self._timeout_s(request)
         if timeout > 0:
             item.timer = loop.call_later(timeout, self._expire, item)
         bisect.insort(self._queue, item, key=_queue_key)
-        self._policy.arrived(item.rows, item.enqueued_ns)
         self._wake_one()
         try:
             return await item.future
         except asyncio.CancelledError:
             self._drop(item)
             raise
-        finally:
-            self._policy.answered(item.rows)
+
+    def _instance_for_now(self, rows: int) -> int | None:
+        """A parked instance that may run a request of `rows` now, in the caller:
+        nothing queued before it, the model fast enough to run inline, and a
+        batch of it alone leaving at once (so no batch forms that it would join)."""
+        if self._queue or not self._parked:
+            return None
+        index = next(iter(self._parked))
+        if not self._inline[index].fits(rows):
+            return None
+        if self.batching and not (rows >= self.max_rows or rows in self.preferred or not self._policy.may_wait()
+                                  or self._policy.enough(rows, time.perf_counter_ns())):
+            return None
+        return index
+
+    def _run_now(self, index: int, request: InferRequest, rows: int) -> dict[str, np.ndarray]:
+        """Run one request on parked instance `index` without suspending: its
+        worker stays parked and cannot take the instance meanwhile."""
+        start = time.perf_counter_ns()
+        self.stats.queue.add(0)
+        results, execute_ns = _timed_execute(self.instances[index], [request])
+        self._inline[index].record(rows, execute_ns)
+        self._record(self.instances[index], rows, 1, time.perf_counter_ns() - start)
+        outcome = self._outcome(results[0])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def _timeout_s(self, request: InferRequest) -> float:
         value = request.parameters.get("timeout")
@@ -156,22 +196,23 @@ class DynamicBatcher:
     def _start(self) -> None:
         if not self._started:
             self._started = True
-            self._workers = [
-                asyncio.get_running_loop().create_task(self._worker(m, ex))
-                for m, ex in zip(self.instances, self._executors, strict=False)
-            ]
+            loop = asyncio.get_running_loop()
+            self._workers = [loop.create_task(self._worker(i)) for i in range(len(self.instances))]
 
-    async def _worker(self, instance: Model, executor: ThreadPoolExecutor) -> None:
-        inline = InlineEstimate()
+    async def _worker(self, index: int) -> None:
         while True:
-            batch = await self._next_batch()
+            batch = await self._next_batch(index)
             if batch is None:
                 return
-            await self._run(instance, executor, inline, batch)
+            await self._run(self.instances[index], self._executors[index], self._inline[index], batch)
 
-    async def _next_batch(self) -> list[_Item] | None:
+    async def _next_batch(self, index: int) -> list[_Item] | None:
         while not (self._queue or self._closed):
-            await self._wait(None)
+            self._parked.add(index)
+            try:
+                await self._wait(None)
+            finally:
+                self._parked.discard(index)
         if not self._queue:
             return None
         batch = [self._take(self._queue[0])]
@@ -258,31 +299,33 @@ class DynamicBatcher:
             results, execute_ns = await asyncio.get_running_loop().run_in_executor(
                 executor, _timed_execute, instance, requests)
         inline.record(rows, execute_ns)
-        self._record(instance, batch, time.perf_counter_ns() - start)
+        self._record(instance, rows, len(batch), time.perf_counter_ns() - start)
         for item, result in zip(batch, results, strict=False):
             if not item.future.done():
-                self._settle(item, result)
+                outcome = self._outcome(result)
+                if isinstance(outcome, BaseException):
+                    item.future.set_exception(outcome)
+                else:
+                    item.future.set_result(outcome)
 
-    def _record(self, instance: Model, batch: list[_Item], total_ns: int) -> None:
+    def _record(self, instance: Model, rows: int, requests: int, total_ns: int) -> None:
         timings = instance.timings
         if timings is None:
             input_ns, infer_ns, output_ns = 0, total_ns, 0
         else:
             input_ns, infer_ns = timings.compute_input_ns, timings.compute_infer_ns
             output_ns = timings.compute_output_ns
-        rows = sum(i.rows for i in batch)
-        self.stats.record_execution(rows, len(batch), input_ns, infer_ns, output_ns)
+        self.stats.record_execution(rows, requests, input_ns, infer_ns, output_ns)
         self.metrics.execution(self.config.name, self.version, rows, input_ns, infer_ns, output_ns)
 
-    def _settle(self, item: _Item, result) -> None:
+    def _outcome(self, result) -> dict[str, np.ndarray] | KilnError:
+        """A request's outputs, or the error its caller gets."""
         if isinstance(result, BaseException):
-            item.future.set_exception(_as_kiln_error(self.config.name, result))
-            return
+            return _as_kiln_error(self.config.name, result)
         outputs = result.outputs if isinstance(result, InferResponse) else result
         if not isinstance(outputs, dict):
-            item.future.set_exception(KilnError(f"model '{self.config.name}' returned {type(result).__name__}"))
-            return
-        item.future.set_result({k: np.asarray(v) for k, v in outputs.items()})
+            return KilnError(f"model '{self.config.name}' returned {type(result).__name__}")
+        return {k: np.asarray(v) for k, v in outputs.items()}
 
     # ------------------------------------------------------------ stop
 

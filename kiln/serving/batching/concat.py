@@ -65,15 +65,16 @@ def concat_inputs(requests: list[InferRequest], pad_value: float | None = None) 
 
 def split_outputs(outputs: dict[str, np.ndarray], batch: Batch, trim: tuple[str, ...] = ()) -> list[dict]:
     """Split each output's rows back per request; trim padded axes if asked."""
+    rows = sum(batch.sizes)
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != rows:
+            raise ValueError(f"output '{name}' has {array.shape[0] if array.ndim else 0} rows but the batch had {rows}")
+    if len(batch.sizes) == 1:  # a lone request: all rows are its own, and it was padded to nothing
+        return [dict(outputs)]
     results: list[dict] = [{} for _ in batch.sizes]
     offsets = np.cumsum([0] + batch.sizes)
     padded = tuple(max(s[k] for s in batch.shapes) for k in range(len(batch.shapes[0])))
     for name, array in outputs.items():
-        if array.ndim == 0 or array.shape[0] != offsets[-1]:
-            raise ValueError(
-                f"output '{name}' has {array.shape[0] if array.ndim else 0} rows "
-                f"but the batch had {offsets[-1]}"
-            )
         for i in range(len(batch.sizes)):
             part = array[offsets[i]:offsets[i + 1]]
             if name in trim:

@@ -15,7 +15,10 @@ wait. What the batcher sees tells when they will not:
 """
 from __future__ import annotations
 
-MAX_SKIP = 256
+# One fruitless wait (max_queue_delay_ms) per this many batches at most: with one
+# client in a loop on a fast model (~2,600 requests/s over HTTP, 2 ms delay) the
+# probes cost ~1% of its rate (3% at 256).
+MAX_SKIP = 1024
 
 
 class RecentPeak:

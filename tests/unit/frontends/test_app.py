@@ -6,7 +6,7 @@ from starlette.testclient import TestClient
 
 from kiln.config import EngineConfig, ServerConfig
 from kiln.dataplane.dataplane import DataPlane
-from kiln.server.app import build_app
+from kiln.server.app import KilnApp, build_app
 
 
 def loading_app(**settings) -> tuple[TestClient, DataPlane]:
@@ -54,3 +54,22 @@ def test_metrics_registry_is_per_server():
     b, _ = loading_app()  # a second server in the same process: no duplicate-metric clash
     assert "kiln:num_requests_running" in a.get("/metrics").text
     assert "kiln:num_requests_running" in b.get("/metrics").text
+
+
+def test_infer_requests_are_answered_in_front_of_fastapis_stack(monkeypatch):
+    """KServe infer posts go straight to their handler; everything else reaches FastAPI."""
+    behind = []
+    through = KilnApp.behind_front
+
+    async def counted(self, scope, receive, send):
+        behind.append((scope["method"], scope["path"]))
+        await through(self, scope, receive, send)
+
+    monkeypatch.setattr(KilnApp, "behind_front", counted)
+    client, _ = loading_app()
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}
+    r = client.post("/v2/models/m/infer", json=body)
+    assert r.status_code == 503 and "loading" in r.json()["error"]
+    assert client.post("/v2/models/m/versions/1/infer", json=body).status_code == 503
+    assert client.get("/v2/models/m/ready").status_code == 503
+    assert behind == [("GET", "/v2/models/m/ready")]

@@ -66,6 +66,8 @@ def test_the_servers_key_guards_http_and_grpc_alike(tmp_path, protect_health):
             assert client.get(path, headers=key).status_code == 200, path
         for path in ("/v1/models", "/openapi.json", "/v2"):
             assert client.get(path).status_code == 401, path
+        assert client.post("/v2/models/m/infer", json={"inputs": []}).status_code == 401  # the fast path too
+        assert client.post("/v2/models/m/infer", json={"inputs": []}, headers=key).status_code == 404
         grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             with pytest.raises(InferenceServerException, match="API key"):

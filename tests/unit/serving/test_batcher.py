@@ -278,3 +278,49 @@ def test_a_fast_model_runs_on_the_event_loop_thread_after_its_first_call():
     assert fast[0] != loop_thread and fast[-5:] == [loop_thread] * 5
     slow = run(main(0.2, 3))
     assert loop_thread not in slow
+
+
+def test_a_fast_models_lone_request_runs_in_the_caller_without_queueing():
+    async def main():
+        batcher, models, stats = make(off=True)
+        for i in range(10):  # the first call is timed on the thread; the average then falls under the budget
+            await batcher.submit(req([[float(i)]]))
+        submit = batcher.submit(req([[3.0]]))
+        with pytest.raises(StopIteration) as finished:
+            submit.send(None)  # answered without ever yielding to the loop
+        await batcher.stop()
+        return finished.value.value, stats
+    out, stats = run(main())
+    assert out["OUT"].tolist() == [[6.0]]
+    assert stats.execution_count == stats.queue.count == stats.inference_count == 11
+
+
+def test_a_fast_models_errors_reach_the_caller_that_ran_it():
+    async def main():
+        batcher, _, stats = make(off=True)
+        for i in range(10):
+            await batcher.submit(req([[float(i)]]))
+        submit = batcher.submit(req([[-1.0]]))
+        with pytest.raises(Exception, match="negative input"):
+            submit.send(None)  # raised at once, in the caller
+        await batcher.stop()
+        return stats
+    assert run(main()).execution_count == 11
+
+
+def test_a_request_joins_a_forming_batch_rather_than_running_alone():
+    async def main():
+        batcher, models, _ = make(max_batch_size=8, max_queue_delay_ms=5_000)
+        batcher._inline[0].record(1, 1_000)  # known fast: a lone request could run in its caller
+        async def later():
+            await asyncio.sleep(0.05)  # the worker has taken the first request and waits for company
+            assert not batcher._parked
+            return await batcher.submit(req([[2.0]]))
+
+        start = time.perf_counter()
+        await asyncio.gather(batcher.submit(req([[1.0]])), later())
+        elapsed = time.perf_counter() - start
+        await batcher.stop()
+        return models[0].batches, elapsed
+    batches, elapsed = run(main())
+    assert batches == [2] and elapsed < 4  # the second joined the first's wait; two clients make a peak of 2

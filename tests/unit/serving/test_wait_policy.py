@@ -26,10 +26,10 @@ def test_fruitless_waits_skip_1_2_4_batches_up_to_the_cap_and_a_fruitful_one_res
     policy = WaitPolicy()
     assert _skipped(policy) == 0  # waiting is on from the start
     lengths = []
-    for _ in range(10):
+    for _ in range(12):
         policy.deadline_passed(joined_while_waiting=False)
         lengths.append(_skipped(policy))
-    assert lengths == [1, 2, 4, 8, 16, 32, 64, 128, 256, 256] and MAX_SKIP == 256
+    assert lengths == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1024] and MAX_SKIP == 1024
     policy.deadline_passed(joined_while_waiting=True)
     assert _skipped(policy) == 0
     policy.deadline_passed(joined_while_waiting=False)

@@ -51,3 +51,20 @@ def test_work_that_finishes_first_is_returned():
         return 42
 
     assert asyncio.run(_cancel_on_disconnect(Silent(), work())) == 42
+
+
+def test_work_that_never_suspends_starts_no_watcher_task():
+    """A fast model's answer comes without yielding to the loop: no task is made for it."""
+    class Silent:
+        async def receive(self):
+            await asyncio.sleep(60)
+
+    async def work():
+        return 42
+
+    async def main():
+        before = asyncio.all_tasks()
+        result = await _cancel_on_disconnect(Silent(), work())
+        return result, asyncio.all_tasks() - before
+
+    assert asyncio.run(main()) == (42, set())
