@@ -10,6 +10,7 @@ kernels with KILN_KERNELS=0 / 1, ISA builds with KILN_ISA=avx2:
 
     .venv/bin/python bench/decode_step.py 32 1                          # B=32, 1 thread, float32
     .venv/bin/python bench/decode_step.py 8 2 --dtypes float32,bfloat16
+    .venv/bin/python bench/decode_step.py 64 2 --quantization float      # the GGUF dequantized (as vLLM runs it)
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ from kiln.llm.models.loader import load_checkpoint
 TIMED_STEPS = 12
 
 
-def engine_in_decode(checkpoint, dtype: str, batch: int) -> LLMEngine:
-    config = EngineConfig.from_flat(model=checkpoint.source, dtype=dtype, kv_cache_memory_gib=2.0)
+def engine_in_decode(checkpoint, dtype: str, batch: int, quantization: str | None = None) -> LLMEngine:
+    options = {} if quantization is None else {"quantization": quantization}
+    config = EngineConfig.from_flat(model=checkpoint.source, dtype=dtype, kv_cache_memory_gib=2.0, **options)
     engine = LLMEngine(config, checkpoint)
     params = SamplingParams(max_tokens=TIMED_STEPS + 24, temperature=0.0, ignore_eos=True)
     for i in range(batch):
@@ -47,11 +49,12 @@ def main() -> None:
     ap.add_argument("batch", type=int)
     ap.add_argument("threads", type=int)
     ap.add_argument("--dtypes", default="float32", help="comma-separated model dtypes, timed in turn")
+    ap.add_argument("--quantization", help="e.g. float (dequantize the GGUF; default: its stored int4 kept)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtypes = args.dtypes.split(",")
     checkpoint = load_checkpoint(str(default_model_path()))
-    engines = {dtype: engine_in_decode(checkpoint, dtype, args.batch) for dtype in dtypes}
+    engines = {dtype: engine_in_decode(checkpoint, dtype, args.batch, args.quantization) for dtype in dtypes}
     times: dict[str, list[float]] = {dtype: [] for dtype in dtypes}
     for _ in range(TIMED_STEPS):
         for dtype, engine in engines.items():

@@ -4,46 +4,19 @@
 // pays for widening every weight once per call, which torch ops did at ~10x
 // this function's cost (docs/benchmarks.md, "int4 prefill").
 //
-// w = fma(q, scale, min) lane by lane, the operation the int4 kernel applies
-// in registers, so the widened weight is the one the kernel multiplies by.
+// Each row as int4_widen.h's widen_row: the weight the kernel multiplies by.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <immintrin.h>
 
 #include <cstdint>
-#include <type_traits>
+
+#include "int4_widen.h"
 
 namespace {
 
-// (scale, min) of group g of a row as floats.
-template <typename P>
-inline void group_params(const P* p, float& scale, float& min) {
-  if constexpr (std::is_same_v<P, float>) {
-    scale = p[0], min = p[1];
-  } else {
-    scale = static_cast<float>(c10::Half(p[0], c10::Half::from_bits()));
-    min = static_cast<float>(c10::Half(p[1], c10::Half::from_bits()));
-  }
-}
-
-// One row: runs of 64 weights as eight 32-bit words, word j holding weight
-// 8s + j of the run in bits 4s .. 4s+3, so nibble s of all eight words is
-// weights 8s .. 8s+7: one shift, one mask, one convert, one FMA, one store.
-template <typename P>
-void widen_row(const uint8_t* codes, const P* params, float* out, int64_t K, int64_t G) {
-  const __m256i low4 = _mm256_set1_epi32(0x0F);
-  for (int64_t b = 0; b < K; b += 64) {
-    const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b / 2));
-    for (int s = 0; s < 8; ++s) {
-      float scale, min;
-      group_params(params + ((b + 8 * s) / G) * 2, scale, min);
-      const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(words, _mm256_set1_epi32(4 * s)), low4);
-      const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale), _mm256_set1_ps(min));
-      _mm256_storeu_ps(out + b + 8 * s, w);
-    }
-  }
-}
+using kiln_int4::widen_row;
 
 template <typename P>
 void widen(const at::Tensor& codes, const P* params, at::Tensor& out, int64_t G) {

@@ -27,9 +27,12 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "int4_widen.h"
 #include "kernels.h"
 #include "linear_tiling.h"
 #include "simd.h"
@@ -240,11 +243,42 @@ at::Tensor linear_q8_0(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return dense<int8_t, true>(x, w, nullptr, scales.const_data_ptr<float>());
 }
 
+// More than kNarrowMaxRows x rows: Int4Problem's wide micro-kernel widens
+// every weight again for each group of 4 x rows (16 times at 64 rows), and
+// is compute-bound on it. Here each tile of weight rows is widened once into
+// a per-thread fp32 buffer (widen_row: the kernel's own FMA, so the same
+// weights) and every x row runs DenseProblem<float>'s wide micro-kernel on
+// it: per output the same chain (acc = fma(x, w, acc) 8 lanes along K, then
+// hsum; K % 64 == 0 leaves no tail), so the bits are Int4Problem's.
+template <typename P>
+void run_w4_tiles(const Int4Problem<P>& p, int64_t M) {
+  using Dense = DenseProblem<float>;
+  constexpr int WR = Dense::kWideRows, WC = Dense::kWideCols;
+  const int64_t K = p.K, N = p.N, groups = K / p.G;
+  const int64_t tile = std::max<int64_t>(WC, kiln_linear::kWeightTileBytes / (K * 4) / WC * WC);
+  const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 4) / WR * WR);
+  at::parallel_for(0, N, 4 * WC, [&](int64_t n_begin, int64_t n_end) {
+    std::vector<float> widened(tile * K);
+    for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
+      const int64_t rows = std::min(tile, n_end - t0);
+      for (int64_t r = 0; r < rows; ++r)
+        kiln_int4::widen_row(p.codes + (t0 + r) * (K / 2), p.scale_min + (t0 + r) * groups * 2,
+                             widened.data() + r * K, K, p.G);
+      const Dense d{p.x, widened.data(), nullptr, p.y + t0, K, N};  // y's row stride stays N
+      for (int64_t m0 = 0; m0 < M; m0 += row_block)
+        Kernels<Dense>::block(d, m0, std::min(M, m0 + row_block), 0, rows);
+    }
+  });
+}
+
 template <typename P>
 void run_w4(const at::Tensor& x, const at::Tensor& codes, const P* scale_min, at::Tensor& y, int64_t group_size) {
   const Int4Problem<P> p{x.const_data_ptr<float>(), codes.const_data_ptr<uint8_t>(), scale_min,
                          y.mutable_data_ptr<float>(), codes.size(1) * 2, codes.size(0), group_size};
-  Kernels<Int4Problem<P>>::run(p, x.size(0));
+  if (x.size(0) > kiln_linear::kNarrowMaxRows)
+    run_w4_tiles(p, x.size(0));
+  else
+    Kernels<Int4Problem<P>>::run(p, x.size(0));
 }
 
 // x fp32 [M, K] @ int4-group weights (Int4Problem's layout)^T; scale_min fp16 or fp32.

@@ -13,11 +13,12 @@ LINEAR_MAX_ROWS = 192
 # of Kiln's kernel; also the largest decode step the fused decode layer takes. Re-tune: bench/linear_f32.py.
 PACKED_MIN_ROWS = 32
 
-# Rows above which an int4 Linear (Kiln's CPU format) widens its weight to fp32 (kiln::dequantize_w4), packs
-# it and runs oneDNN instead of the int4 kernel, whose fp32 widening per weight and row is compute-bound.
-# SmolLM2's four int4 shapes summed, one thread, Zen 3, quiet box: kernel / widened 0.97x at 64 rows, 1.34x
-# at 128, 1.63x at 256, 2.12x at 1024. Re-tune: bench/int4_prefill.py.
-INT4_DEQUANT_MIN_ROWS = 64
+# Rows above which an int4 Linear (Kiln's CPU format) widens its whole weight to fp32 (kiln::dequantize_w4),
+# packs it and runs oneDNN instead of the int4 kernel. Above 8 rows the kernel widens a tile of weight rows
+# once per call into an L1/L2 buffer and runs the fp32 micro-kernel on it; SmolLM2's four int4 shapes summed,
+# Zen 3, kernel / widened+oneDNN: 0.57-0.71x at 64 rows, 0.72-0.84x at 128, 0.80-0.94x at 192, 0.93-1.08x
+# at 256 (1 and 2 threads, three runs). Re-tune: bench/int4_prefill.py.
+INT4_DEQUANT_MIN_ROWS = 192
 
 # Decode rows attended as one padded batch: bigger groups pad more keys, smaller ones make more calls.
 # Re-tune: bench/decode_step.py (B running requests of mixed context length).
