@@ -42,29 +42,31 @@ def test_a_hang_up_cancels_the_work_and_answers_499_without_logging_an_error(cap
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_work_that_finishes_first_is_returned():
-    class Silent:
-        async def receive(self):
-            await asyncio.sleep(60)
+class StaysConnected:
+    """A client that never hangs up."""
 
-    async def work():
-        return 42
+    async def receive(self):
+        await asyncio.sleep(60)
 
-    assert asyncio.run(_cancel_on_disconnect(Silent(), work())) == 42
+
+async def answer(suspend: bool) -> int:
+    if suspend:
+        await asyncio.sleep(0.01)  # the watcher starts meanwhile
+    return 42
+
+
+async def answered_and_tasks_left(suspend: bool):
+    before = asyncio.all_tasks()
+    result = await _cancel_on_disconnect(StaysConnected(), answer(suspend))
+    if suspend:
+        await asyncio.sleep(0)  # let the cancelled watcher finish
+    return result, asyncio.all_tasks() - before
+
+
+def test_work_that_finishes_first_is_returned_and_its_watcher_stopped():
+    assert asyncio.run(answered_and_tasks_left(suspend=True)) == (42, set())
 
 
 def test_work_that_never_suspends_starts_no_watcher_task():
     """A fast model's answer comes without yielding to the loop: no task is made for it."""
-    class Silent:
-        async def receive(self):
-            await asyncio.sleep(60)
-
-    async def work():
-        return 42
-
-    async def main():
-        before = asyncio.all_tasks()
-        result = await _cancel_on_disconnect(Silent(), work())
-        return result, asyncio.all_tasks() - before
-
-    assert asyncio.run(main()) == (42, set())
+    assert asyncio.run(answered_and_tasks_left(suspend=False)) == (42, set())
