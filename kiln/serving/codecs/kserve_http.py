@@ -36,7 +36,8 @@ def decode_json(body: bytes | memoryview, limits: Limits) -> Any:
 
 def _openings(body: bytes | memoryview) -> int:
     """Brackets and braces in the text: a bound on its nesting depth (those
-    inside strings count too), at C speed, so most bodies skip the walk."""
+    inside strings count too), at C speed, so most bodies skip the walk.
+    (A memoryview, the JSON head of a binary request, is copied to count.)"""
     data = body if isinstance(body, bytes) else bytes(body)
     return data.count(b"[") + data.count(b"{")
 
@@ -92,7 +93,7 @@ def parse_infer_request(
             f"Inference-Header-Content-Length {header_length} is out of range for a body of {len(body)} bytes"
         )
     view = memoryview(body)
-    doc = decode_json(view[:header_length], limits)
+    doc = decode_json(body if header_length == len(body) else view[:header_length], limits)  # bytes: no copy
     if not isinstance(doc, dict):
         raise InvalidRequestError("the inference request must be a JSON object")
     unknown = set(doc) - _REQUEST_KEYS

@@ -127,6 +127,13 @@ def test_json_depth_limit():
         parse_infer_request(very_deep, None, "m", "", LIMITS)
     ok = b'{"inputs": [{"name": "A", "datatype": "FP32", "shape": [1, 1], "data": [[1]]}]}'
     assert parse_infer_request(ok, None, "m", "", LIMITS).inputs["A"].shape == (1, 1)
+    # Brackets inside strings count toward the quick bound but not the depth: still accepted.
+    shallow = b'{"id": "' + b"[" * 150 + b'", ' + ok[1:]
+    assert parse_infer_request(shallow, None, "m", "", LIMITS).id == "[" * 150
+    # The JSON head of a binary request (a memoryview of the body) is checked the same way.
+    head = b'{"inputs": [], "parameters": ' + b"[" * 150 + b"]" * 150 + b"}"
+    with pytest.raises(InvalidRequestError, match="nesting depth"):
+        parse_infer_request(head + b"\x00", len(head), "m", "", LIMITS)
 
 
 def test_requested_output_default_binary_flag():
