@@ -4,8 +4,10 @@ The reference runs on CPU and CUDA with plain tensor ops: decodes are
 batched into one SDPA call over gathered, padded contexts; prefill chunks go
 one at a time (they are compute-bound, so the loop costs little). On CPU
 (fp32, bf16 or fp16 queries), decodes take Kiln's paged kernel instead, which
-reads the pool in place (kiln/llm/kernels/paged_attention.cpp); results
-agree to float rounding.
+reads the pool in place (kiln/llm/kernels/paged_attention.cpp), prefill
+chunks its register-tiled causal kernel (prefill_attention.cpp), and the
+step's keys and values go into the pool by kv_write.cpp; results agree to
+float rounding.
 
 A layer's `AttentionOptions` (softmax scale, sliding window, logit
 soft-capping) are fixed when its backend is made. A sliding window is a
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 
 from kiln.llm.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSeq
 from kiln.llm.attention.options import AttentionOptions
-from kiln.llm.kernels.ops import paged_decode_attention
+from kiln.llm.kernels.ops import paged_decode_attention, prefill_attention, write_kv
 
 
 class AttentionBackend(abc.ABC):
@@ -42,8 +44,9 @@ class TorchPagedAttention(AttentionBackend):
         self.options = options or AttentionOptions()
 
     def forward(self, q, k, v, kv_cache, meta):
-        kv_cache[0].index_copy_(0, meta.slot_mapping, k.to(kv_cache.dtype))  # no copy when dtypes agree
-        kv_cache[1].index_copy_(0, meta.slot_mapping, v.to(kv_cache.dtype))
+        if not write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping):
+            kv_cache[0].index_copy_(0, meta.slot_mapping, k.to(kv_cache.dtype))  # no copy when dtypes agree
+            kv_cache[1].index_copy_(0, meta.slot_mapping, v.to(kv_cache.dtype))
         out = torch.empty_like(q)
         for group in meta.decode_groups:
             rows = slice(group.first_row, group.first_row + group.num_seqs)
@@ -79,6 +82,9 @@ class TorchPagedAttention(AttentionBackend):
             keys = gather_blocks(kv_cache[0], seq.block_table, block_size)[: seq.ctx_len].to(q.dtype)
             values = gather_blocks(kv_cache[1], seq.block_table, block_size)[: seq.ctx_len].to(q.dtype)
             offset = seq.ctx_len - seq.q_len
+        out = prefill_attention(q, keys, values, o.scale_for(q.shape[-1]), o.sliding_window or 0, o.logit_softcap)
+        if out is not None:
+            return out
         mask, causal = None, True
         if offset or o.sliding_window:
             q_pos = torch.arange(seq.q_len, device=q.device).unsqueeze(1) + offset

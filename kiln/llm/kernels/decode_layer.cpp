@@ -89,8 +89,7 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(
     kiln::rotary_(q, k, cos, sin);
   }
   const at::Tensor k_pool = kv_cache.select(0, 0), v_pool = kv_cache.select(0, 1);
-  k_pool.index_copy_(0, slot_mapping, k.to(k_pool.scalar_type()));  // a no-op view for an fp32 pool
-  v_pool.index_copy_(0, slot_mapping, v.to(v_pool.scalar_type()));
+  kiln::write_kv(k_pool, v_pool, k, v, slot_mapping);
   if (scale == 0) scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim**-0.5
   at::Tensor attn;
   if (block_tables.size() == 1) {

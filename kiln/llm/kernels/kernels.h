@@ -27,5 +27,8 @@ at::Tensor gelu_tanh_mul(const at::Tensor& gate_up);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
                                   double scale, int64_t window = 0, double softcap = 0.0);
+// k, v [T, KVH, D] (any float dtype) -> pool slots slot_mapping[t], as index_copy_ of k.to(pool dtype).
+void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& slot_mapping);
 
 }  // namespace kiln

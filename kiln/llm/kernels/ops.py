@@ -239,6 +239,44 @@ def paged_decode_attention(
     )
 
 
+def prefill_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, window: int = 0,
+    softcap: float | None = None,
+) -> torch.Tensor | None:
+    """Causal attention of a prefill chunk (q [Q, H, D]) over keys/values
+    [L, KVH, D] whose last Q rows are the chunk's own, with Kiln's CPU kernel
+    (prefill_attention.cpp) -> [Q, H, D] in q's dtype, or None when it does
+    not apply (library absent, not CPU, mixed or other dtypes, head_dim not a
+    multiple of 16). `window` > 0: each row sees only its last `window` keys;
+    `softcap` soft-caps the scores."""
+    if (
+        q.dtype not in FLOAT_DTYPES
+        or keys.dtype != q.dtype
+        or values.dtype != q.dtype
+        or q.device.type != "cpu"
+        or q.shape[2] % 16
+        or q.shape[1] % keys.shape[1]
+        or not kernels_loaded()
+    ):
+        return None
+    return torch.ops.kiln.prefill_attention(q, keys, values, scale, window, softcap or 0.0)
+
+
+def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> bool:
+    """Rows of k, v [T, KVH, D] into pool slots `slots` (as index_copy_ of
+    k.to(pool dtype)) with Kiln's CPU kernel; False when it does not apply
+    (library absent, not CPU, a non-float pool) and nothing was written."""
+    if (
+        k_pool.device.type != "cpu"
+        or k_pool.dtype not in FLOAT_DTYPES
+        or v_pool.dtype not in FLOAT_DTYPES
+        or not kernels_loaded()
+    ):
+        return False
+    torch.ops.kiln.write_kv(k_pool, v_pool, k, v, slots)
+    return True
+
+
 def _cuda_layers(x: torch.Tensor):
     """kiln.llm.kernels.triton_layers for a CUDA tensor (Triton installed,
     KILN_KERNELS not 0), else None."""

@@ -19,43 +19,24 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kernels.h"
 #include "simd.h"
+#ifdef KILN_AVX512_BF16
+#include "simd512.h"
+#endif
 
 namespace {
 
-using kiln_simd::exp_nonpositive;
 using kiln_simd::hsum;
+using kiln_simd::softmax;
 
 constexpr int kMaxGroup = 8;  // query heads per kv head
 
 using kiln_simd::load8;  // pool entries as fp32 lanes
-
-// Softmax of s[0..n) in place; returns nothing, s holds probabilities.
-void softmax(float* s, int64_t n) {
-  float mx = s[0];
-  for (int64_t t = 1; t < n; ++t) mx = std::max(mx, s[t]);
-  const __m256 vmx = _mm256_set1_ps(mx);
-  __m256 vsum = _mm256_setzero_ps();
-  int64_t t = 0;
-  for (; t + 8 <= n; t += 8) {
-    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), vmx));
-    _mm256_storeu_ps(s + t, e);
-    vsum = _mm256_add_ps(vsum, e);
-  }
-  float sum = hsum(vsum);
-  if (t < n) {  // tail through the same polynomial, padded with -inf-like values
-    alignas(32) float buf[8];
-    for (int i = 0; i < 8; ++i) buf[i] = t + i < n ? s[t + i] - mx : -87.0f;
-    _mm256_store_ps(buf, exp_nonpositive(_mm256_load_ps(buf)));
-    for (int64_t i = 0; t + i < n; ++i) { s[t + i] = buf[i]; sum += buf[i]; }
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) s[i] *= inv;
-}
 
 // One work item: sequence b, kv heads [g0, g1), each with its G query heads.
 // Pass 1 streams the keys in slot order (each slot's heads are contiguous),
@@ -119,14 +100,92 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, in
   }
 }
 
+#ifdef KILN_AVX512_BF16
+// attend() for the avx512_bf16 build: the same two passes, 16-lane vectors
+// (keys widened to fp32 lanes as before). Pass 2 keeps S x 16 head dims of all G query heads' outputs in registers, so
+// each value row is read once per S x 16 dims (the AVX2 pass reads it once
+// per 16). Each output is still one chain over t in order, so results do
+// not depend on the batch or the thread split; they differ from the AVX2
+// build's in the summation order only.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int G, int S, typename KV>
+void attend512(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
+               int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, float softcap,
+               std::vector<float>& scores, float* out) {
+  using kiln_simd512::reduce16;
+  const int64_t nh = (g1 - g0) * G, ctx = end - first;
+  scores.resize(nh * ctx);
+  for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
+    const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
+    for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
+      const int64_t row = (base + i) * KVH;
+      for (int64_t off = g0 * D * sizeof(KV); off < g1 * D * sizeof(KV); off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(vp + row * D) + off, _MM_HINT_T1);
+      for (int64_t g = g0; g < g1; ++g) {
+        const KV* key = kp + (row + g) * D;
+        __m512 dots[G];
+        for (int j = 0; j < G; ++j) dots[j] = _mm512_setzero_ps();
+        const float* qg = q + g * G * D;
+        for (int64_t d = 0; d < D; d += 16) {
+          const __m512 kv = load16(key + d);
+          for (int j = 0; j < G; ++j) dots[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qg + j * D + d), kv, dots[j]);
+        }
+        for (int j = 0; j < G; ++j) {
+          const float score = reduce16(dots[j]) * scale;
+          scores[((g - g0) * G + j) * ctx + t0 + i - first] = softcap > 0 ? std::tanh(score / softcap) * softcap : score;
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
+  for (int64_t g = g0; g < g1; ++g) {
+    const float* sg = scores.data() + (g - g0) * G * ctx;
+    for (int64_t d = 0; d < D; d += 16 * S) {
+      __m512 acc[G][S];
+      for (int j = 0; j < G; ++j)
+        for (int s = 0; s < S; ++s) acc[j][s] = _mm512_setzero_ps();
+      for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
+        const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
+        for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
+          const KV* value = vp + ((base + i) * KVH + g) * D + d;
+          __m512 v[S];
+          for (int s = 0; s < S; ++s) v[s] = load16(value + 16 * s);
+          for (int j = 0; j < G; ++j) {
+            const __m512 p = _mm512_set1_ps(sg[j * ctx + t0 + i - first]);
+            for (int s = 0; s < S; ++s) acc[j][s] = _mm512_fmadd_ps(p, v[s], acc[j][s]);
+          }
+        }
+      }
+      for (int j = 0; j < G; ++j)
+        for (int s = 0; s < S; ++s) _mm512_storeu_ps(out + (g * G + j) * D + d + 16 * s, acc[j][s]);
+    }
+  }
+}
+#endif
+
 template <typename KV>
 using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
                           int64_t, int64_t, int64_t, float, float, std::vector<float>&, float*);
 
 template <typename KV, int... G>
-AttendFn<KV> attend_for_group(int group, std::integer_sequence<int, G...>) {
+AttendFn<KV> attend_for_group(int group, int64_t D, std::integer_sequence<int, G...>) {
   AttendFn<KV> fn = nullptr;
+#ifdef KILN_AVX512_BF16
+  // Four 16-lane slices of outputs per pass where G x 4 accumulators fit (up to 16 of 32 registers).
+  const bool wide = D % 64 == 0 && group <= 4;
+  ((fn = group == G + 1 ? (wide ? attend512<G + 1, (G < 4 ? 4 : 1), KV> : attend512<G + 1, 1, KV>) : fn), ...);
+#else
+  (void)D;
   ((fn = group == G + 1 ? attend<G + 1, KV> : fn), ...);
+#endif
   return fn;
 }
 
@@ -135,7 +194,8 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor&
                 const at::Tensor& lens, int64_t block_size, float scale, int64_t window, float softcap,
                 at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pool.size(1), W = tables.size(1);
-  const AttendFn<KV> attend_item = attend_for_group<KV>(H / KVH, std::make_integer_sequence<int, kMaxGroup>{});
+  const AttendFn<KV> attend_item =
+      attend_for_group<KV>(H / KVH, D, std::make_integer_sequence<int, kMaxGroup>{});
   const float* qp = q.const_data_ptr<float>();
   const KV* kp = k_pool.const_data_ptr<KV>();
   const KV* vp = v_pool.const_data_ptr<KV>();

@@ -4,6 +4,7 @@
 #include <c10/util/Half.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -32,6 +33,30 @@ inline __m256 exp_nonpositive(__m256 x) {
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+// Softmax of s[0..n) in place (s then holds probabilities); every kernel's
+// softmax is this one, so decode and prefill attention round alike.
+inline void softmax(float* s, int64_t n) {
+  float mx = s[0];
+  for (int64_t t = 1; t < n; ++t) mx = std::max(mx, s[t]);
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 vsum = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), vmx));
+    _mm256_storeu_ps(s + t, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  float sum = hsum(vsum);
+  if (t < n) {  // tail through the same polynomial, padded with -inf-like values
+    alignas(32) float buf[8];
+    for (int i = 0; i < 8; ++i) buf[i] = t + i < n ? s[t + i] - mx : -87.0f;
+    _mm256_store_ps(buf, exp_nonpositive(_mm256_load_ps(buf)));
+    for (int64_t i = 0; t + i < n; ++i) { s[t + i] = buf[i]; sum += buf[i]; }
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) s[i] *= inv;
 }
 
 // bf16 <-> fp32 in eight lanes. Narrowing rounds to nearest even and makes
@@ -68,6 +93,9 @@ inline __m256 load8(const int8_t* p) {
 // ... and back (fp32 or bf16, rounded as c10 rounds).
 inline void store8f(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 inline void store8f(c10::BFloat16* p, __m256 v) { narrow8(p, v); }
+inline void store8f(c10::Half* p, __m256 v) {  // nearest even, as c10::Half(float) rounds
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
 
 // v as it would be after a store to T and a load back (identity for fp32):
 // where torch's bf16 reference rounds an intermediate, kernels round it too.
