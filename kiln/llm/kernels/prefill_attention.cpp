@@ -7,14 +7,14 @@
 // rounded once, as SDPA rounds it.
 //
 // torch's CPU flash attention runs these shapes (D = 64, hundreds of rows)
-// at 40-55 GFLOP/s on two Zen 4 cores, a fifth of what the projections
+// at 40-55 GFLOP/s on two Zen 4 cores, a seventh of what the projections
 // around it reach: in a bf16 offline run it was 29% of prefill time. Here
 // the work is register-tiled instead:
 //   1. keys are widened and transposed once per call into 8-key blocks
 //      ([D][8] floats), values widened into [L][D] rows;
 //   2. a work item is 16 query rows of one kv head (all G query heads of it):
-//      scores for 12 query vectors x 8 keys per pass (12 accumulators, one
-//      key vector, query elements broadcast), each row's softmax over its
+//      scores for 6 query vectors x 16 keys per pass (12 accumulators, two
+//      key vectors, query elements broadcast), each row's softmax over its
 //      visible keys (the decode kernel's softmax), then 6 query vectors x 16
 //      head dims of output per pass over the values.
 // Every FMA does 8 useful products, with no horizontal sums. Results agree
