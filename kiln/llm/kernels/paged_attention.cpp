@@ -12,6 +12,10 @@
 // Work per pair depends only on that sequence, so results do not depend on
 // what else is in the batch. A sliding window (`window` > 0) starts the
 // keys at context_len - window; `softcap` > 0 soft-caps the scores (Gemma 2).
+// The avx512_bf16 build runs the same passes on 16-lane vectors and keeps up
+// to 64 head dims of outputs in registers per pass over the values (7-15%
+// faster on Zen 4, docs/benchmarks.md); its dot products sum their lanes in
+// another order than the AVX2 build's, so the two builds agree to rounding.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -31,24 +35,56 @@
 
 namespace {
 
-using kiln_simd::hsum;
 using kiln_simd::softmax;
 
 constexpr int kMaxGroup = 8;  // query heads per kv head
 
-using kiln_simd::load8;  // pool entries as fp32 lanes
+// The vector width a build attends with: 8 fp32 lanes (AVX2) or 16 (the
+// avx512_bf16 build). Pool entries load as fp32 lanes (16-bit ones widened);
+// `sum` adds the lanes in one fixed order.
+struct Lanes8 {
+  using Vec = __m256;
+  static constexpr int64_t kLanes = 8;
+  static Vec zero() { return _mm256_setzero_ps(); }
+  template <typename T>
+  static Vec load(const T* p) { return kiln_simd::load8(p); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec set1(float x) { return _mm256_set1_ps(x); }
+  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  static float sum(Vec v) { return kiln_simd::hsum(v); }
+};
+
+#ifdef KILN_AVX512_BF16
+struct Lanes16 {
+  using Vec = __m512;
+  static constexpr int64_t kLanes = 16;
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec load(const c10::BFloat16* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  static Vec load(const c10::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec set1(float x) { return _mm512_set1_ps(x); }
+  static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+  static float sum(Vec v) { return kiln_simd512::reduce16(v); }
+};
+#endif
 
 // One work item: sequence b, kv heads [g0, g1), each with its G query heads.
 // Pass 1 streams the keys in slot order (each slot's heads are contiguous),
 // scores every query head, and prefetches the slot's values into L2. Pass 2
-// walks the values per kv head and 16-float slice of the head dimension, the
-// G x 2 output vectors held in registers, reading from L2. Every output
-// element is the same chain of FMAs over t in order, whatever the batch or
-// the thread split.
-template <int G, typename KV>
+// walks the values per kv head and slice of S vectors of the head dimension
+// (AVX2: 2 x 8 floats; 16 lanes: 4 x 16 where G x 4 accumulators fit, else
+// 1 x 16), the G x S output vectors held in registers, reading from L2.
+// Every output element is the same chain of FMAs over t in order, whatever
+// the batch or the thread split.
+template <int G, int S, typename V, typename KV>
 void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
             int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, float softcap,
             std::vector<float>& scores, float* out) {
+  using Vec = typename V::Vec;
   // Keys first..end-1 (first > 0 under a sliding window); score column t - first.
   const int64_t nh = (g1 - g0) * G, ctx = end - first;  // scores row h = (g - g0) * G + j
   scores.resize(nh * ctx);
@@ -61,14 +97,14 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, in
       for (int64_t g = g0; g < g1; ++g) {
         const KV* key = kp + (row + g) * D;
         const float* qg = q + g * G * D;
-        __m256 dots[G];
-        for (int j = 0; j < G; ++j) dots[j] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) {
-          const __m256 kv = load8(key + d);
-          for (int j = 0; j < G; ++j) dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j * D + d), kv, dots[j]);
+        Vec dots[G];
+        for (int j = 0; j < G; ++j) dots[j] = V::zero();
+        for (int64_t d = 0; d < D; d += V::kLanes) {
+          const Vec kv = V::load(key + d);
+          for (int j = 0; j < G; ++j) dots[j] = V::fma(V::load(qg + j * D + d), kv, dots[j]);
         }
         for (int j = 0; j < G; ++j) {
-          const float score = hsum(dots[j]) * scale;  // soft-capped as transformers does: cap * tanh(s / cap)
+          const float score = V::sum(dots[j]) * scale;  // soft-capped as transformers does: cap * tanh(s / cap)
           scores[((g - g0) * G + j) * ctx + t0 + i - first] = softcap > 0 ? std::tanh(score / softcap) * softcap : score;
         }
       }
@@ -77,99 +113,27 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, in
   for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
   for (int64_t g = g0; g < g1; ++g) {
     const float* sg = scores.data() + (g - g0) * G * ctx;
-    for (int64_t d = 0; d < D; d += 16) {
-      __m256 acc[G][2];
-      for (int j = 0; j < G; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += S * V::kLanes) {
+      Vec acc[G][S];
+      for (int j = 0; j < G; ++j)
+        for (int s = 0; s < S; ++s) acc[j][s] = V::zero();
       for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
         const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
         for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
           const KV* value = vp + ((base + i) * KVH + g) * D + d;
-          const __m256 v0 = load8(value), v1 = load8(value + 8);
+          Vec v[S];
+          for (int s = 0; s < S; ++s) v[s] = V::load(value + s * V::kLanes);
           for (int j = 0; j < G; ++j) {
-            const __m256 p = _mm256_broadcast_ss(sg + j * ctx + t0 + i - first);
-            acc[j][0] = _mm256_fmadd_ps(p, v0, acc[j][0]);
-            acc[j][1] = _mm256_fmadd_ps(p, v1, acc[j][1]);
-          }
-        }
-      }
-      for (int j = 0; j < G; ++j) {
-        _mm256_storeu_ps(out + (g * G + j) * D + d, acc[j][0]);
-        _mm256_storeu_ps(out + (g * G + j) * D + d + 8, acc[j][1]);
-      }
-    }
-  }
-}
-
-#ifdef KILN_AVX512_BF16
-// attend() for the avx512_bf16 build: the same two passes, 16-lane vectors
-// (keys widened to fp32 lanes as before). Pass 2 keeps S x 16 head dims of all G query heads' outputs in registers, so
-// each value row is read once per S x 16 dims (the AVX2 pass reads it once
-// per 16). Each output is still one chain over t in order, so results do
-// not depend on the batch or the thread split; they differ from the AVX2
-// build's in the summation order only.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-template <int G, int S, typename KV>
-void attend512(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
-               int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, float softcap,
-               std::vector<float>& scores, float* out) {
-  using kiln_simd512::reduce16;
-  const int64_t nh = (g1 - g0) * G, ctx = end - first;
-  scores.resize(nh * ctx);
-  for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
-    const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
-    for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
-      const int64_t row = (base + i) * KVH;
-      for (int64_t off = g0 * D * sizeof(KV); off < g1 * D * sizeof(KV); off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(vp + row * D) + off, _MM_HINT_T1);
-      for (int64_t g = g0; g < g1; ++g) {
-        const KV* key = kp + (row + g) * D;
-        __m512 dots[G];
-        for (int j = 0; j < G; ++j) dots[j] = _mm512_setzero_ps();
-        const float* qg = q + g * G * D;
-        for (int64_t d = 0; d < D; d += 16) {
-          const __m512 kv = load16(key + d);
-          for (int j = 0; j < G; ++j) dots[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qg + j * D + d), kv, dots[j]);
-        }
-        for (int j = 0; j < G; ++j) {
-          const float score = reduce16(dots[j]) * scale;
-          scores[((g - g0) * G + j) * ctx + t0 + i - first] = softcap > 0 ? std::tanh(score / softcap) * softcap : score;
-        }
-      }
-    }
-  }
-  for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
-  for (int64_t g = g0; g < g1; ++g) {
-    const float* sg = scores.data() + (g - g0) * G * ctx;
-    for (int64_t d = 0; d < D; d += 16 * S) {
-      __m512 acc[G][S];
-      for (int j = 0; j < G; ++j)
-        for (int s = 0; s < S; ++s) acc[j][s] = _mm512_setzero_ps();
-      for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
-        const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
-        for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
-          const KV* value = vp + ((base + i) * KVH + g) * D + d;
-          __m512 v[S];
-          for (int s = 0; s < S; ++s) v[s] = load16(value + 16 * s);
-          for (int j = 0; j < G; ++j) {
-            const __m512 p = _mm512_set1_ps(sg[j * ctx + t0 + i - first]);
-            for (int s = 0; s < S; ++s) acc[j][s] = _mm512_fmadd_ps(p, v[s], acc[j][s]);
+            const Vec p = V::set1(sg[j * ctx + t0 + i - first]);
+            for (int s = 0; s < S; ++s) acc[j][s] = V::fma(p, v[s], acc[j][s]);
           }
         }
       }
       for (int j = 0; j < G; ++j)
-        for (int s = 0; s < S; ++s) _mm512_storeu_ps(out + (g * G + j) * D + d + 16 * s, acc[j][s]);
+        for (int s = 0; s < S; ++s) V::store(out + (g * G + j) * D + d + s * V::kLanes, acc[j][s]);
     }
   }
 }
-#endif
 
 template <typename KV>
 using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
@@ -181,10 +145,11 @@ AttendFn<KV> attend_for_group(int group, int64_t D, std::integer_sequence<int, G
 #ifdef KILN_AVX512_BF16
   // Four 16-lane slices of outputs per pass where G x 4 accumulators fit (up to 16 of 32 registers).
   const bool wide = D % 64 == 0 && group <= 4;
-  ((fn = group == G + 1 ? (wide ? attend512<G + 1, (G < 4 ? 4 : 1), KV> : attend512<G + 1, 1, KV>) : fn), ...);
+  ((fn = group == G + 1 ? (wide ? attend<G + 1, (G < 4 ? 4 : 1), Lanes16, KV> : attend<G + 1, 1, Lanes16, KV>)
+                        : fn), ...);
 #else
   (void)D;
-  ((fn = group == G + 1 ? attend<G + 1, KV> : fn), ...);
+  ((fn = group == G + 1 ? attend<G + 1, 2, Lanes8, KV> : fn), ...);
 #endif
   return fn;
 }
