@@ -23,7 +23,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <utility>
 #include <vector>
 

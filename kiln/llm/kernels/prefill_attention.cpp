@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "kernels.h"
@@ -160,14 +161,16 @@ void attend_tile(const Geometry& s, const T* q, int64_t q_stride, const float* k
 template <typename T>
 void attend_chunk(const Geometry& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out) {
   const int64_t nb = s.key_blocks();
-  std::vector<float> kt(s.KVH * nb * 8 * s.D), vf(s.KVH * nb * 8 * s.D);
+  // Uninitialized on purpose (no memset of up to a few MB per layer): every key
+  // block is written (zeros past L), and no value row past L is ever read.
+  const std::unique_ptr<float[]> kt(new float[s.KVH * nb * 8 * s.D]), vf(new float[s.KVH * nb * 8 * s.D]);
   const T* kp = k.const_data_ptr<T>();
   const T* vp = v.const_data_ptr<T>();
   at::parallel_for(0, s.KVH * nb, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t g = i / nb, b = i % nb;
-      widen_block(s, kp, k.stride(0), vp, v.stride(0), g, b, kt.data() + (g * nb + b) * 8 * s.D,
-                  vf.data() + g * nb * 8 * s.D);
+      widen_block(s, kp, k.stride(0), vp, v.stride(0), g, b, kt.get() + (g * nb + b) * 8 * s.D,
+                  vf.get() + g * nb * 8 * s.D);
     }
   });
   const int64_t tiles = (s.Q + kTileRows - 1) / kTileRows;
@@ -181,7 +184,7 @@ void attend_chunk(const Geometry& s, const at::Tensor& q, const at::Tensor& k, c
       const int64_t pair = i / s.KVH, g = i % s.KVH;
       const int64_t tile = pair % 2 == 0 ? pair / 2 : tiles - 1 - pair / 2;
       const int64_t r0 = tile * kTileRows, r1 = std::min(r0 + kTileRows, s.Q);
-      attend_tile<T>(s, qp, q.stride(0), kt.data() + g * nb * 8 * s.D, vf.data() + g * nb * 8 * s.D, g, r0, r1, qf,
+      attend_tile<T>(s, qp, q.stride(0), kt.get() + g * nb * 8 * s.D, vf.get() + g * nb * 8 * s.D, g, r0, r1, qf,
                      scores, op);
     }
   });
