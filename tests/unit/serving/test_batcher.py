@@ -280,6 +280,34 @@ def test_a_fast_model_runs_on_the_event_loop_thread_after_its_first_call():
     assert loop_thread not in slow
 
 
+def test_a_fast_model_slowed_on_its_thread_by_waits_comes_back_to_the_loop():
+    """Its thread calls wait 3 ms (as for the GIL under load) but use little
+    CPU: the next batch is tried inline, and stays there."""
+    import threading
+
+    loop_thread = threading.get_ident()
+
+    class WaitsOffTheLoop(Doubler):
+        def run(self, inputs):
+            self.threads.append(threading.get_ident())
+            if threading.get_ident() != loop_thread:
+                time.sleep(0.003)
+            return super().run(inputs)
+
+    async def main():
+        batcher, _, _ = make(off=True)
+        model = WaitsOffTheLoop()
+        model.threads = []
+        model.load(LoadContext(batcher.config, 1, None))
+        batcher.instances[0] = model
+        for i in range(6):
+            await batcher.submit(req([[i]]))
+        await batcher.stop()
+        return model.threads
+    threads = run(main())
+    assert threads[0] != loop_thread and threads[1:] == [loop_thread] * 5
+
+
 def test_a_fast_models_lone_request_runs_in_the_caller_without_queueing():
     async def main():
         batcher, models, stats = make(off=True)
