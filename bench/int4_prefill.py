@@ -2,7 +2,9 @@
 running oneDNN (what Int4CpuLinear does above INT4_DEQUANT_MIN_ROWS rows),
 per row count, on the default model's (SmolLM2-135M Q4_1) int4 Linears;
 then whole prompts through the engine, kept int4 against `--quantization
-float`.
+float`. With `--dtype bfloat16` (a CPU with bf16 dot products): widening to
+bf16 and oneDNN's bf16 GEMM (what it does above INT4_BF16_WIDEN_MIN_ROWS
+rows of bf16 activations), and bf16 engines.
 
 Per row count M: the median over --repeats of one call of each path on
 every int4 Linear shape of the model, summed over the shapes (one layer's
@@ -10,6 +12,7 @@ worth); the two paths alternate. Then prefill tok/s of --prompt-tokens
 random tokens (max_tokens 1), the two engines alternating.
 
     PYTHONPATH=. .venv/bin/python bench/int4_prefill.py [--threads 1] [--rows 64,128,256,512,1024]
+        [--dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -35,6 +38,11 @@ def timed(fn, repeats: int) -> float:
 
 
 def widened(layer: Int4CpuLinear, x: torch.Tensor) -> torch.Tensor:
+    if x.dtype == torch.bfloat16:
+        weight = ops.dequantize_w4(layer.codes, layer.scale_min, layer.group_size, torch.bfloat16)
+        if weight is None:
+            raise SystemExit("kernels unavailable")
+        return torch.nn.functional.linear(x, weight)
     weight = ops.dequantize_w4(layer.codes, layer.scale_min, layer.group_size)
     packed = ops.pack_linear_weight(weight) if weight is not None else None
     if packed is None:
@@ -65,22 +73,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prompt-tokens", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    stored = LLM(kv_cache_memory_gib=0.25)
+    if args.dtype == "bfloat16" and not ops.bf16_dot_products():
+        raise SystemExit("--dtype bfloat16 needs the avx512_bf16 kernel build (a CPU with AVX512_BF16)")
+    stored = LLM(dtype=args.dtype, kv_cache_memory_gib=0.25)
     layers = layer_shapes(stored)
     if not layers:
         raise SystemExit("no int4 Linear in the default model (kernels not loaded?)")
     g = torch.Generator().manual_seed(0)
     print(f"threads={args.threads}  shapes={[(m.out_features, m.in_features) for m in layers]}")
-    print("rows  int4 kernel ms  widened+oneDNN ms  kernel/widened")
+    print(f"rows  int4 kernel ms  widened ({args.dtype})+oneDNN ms  kernel/widened")
     for rows in (int(r) for r in args.rows.split(",")):
         xs = [torch.randn(rows, m.in_features, generator=g) for m in layers]
         kernel = sum(timed(lambda m=m, x=x: ops.linear_w4(x, m.codes, m.scale_min, m.group_size), args.repeats)
                      for m, x in zip(layers, xs, strict=True))
-        wide = sum(timed(lambda m=m, x=x: widened(m, x), args.repeats) for m, x in zip(layers, xs, strict=True))
+        wide = sum(timed(lambda m=m, x=x: widened(m, x.to(getattr(torch, args.dtype))), args.repeats)
+                   for m, x in zip(layers, xs, strict=True))
         print(f"{rows:4d}  {kernel * 1e3:14.2f}  {wide * 1e3:17.2f}  {kernel / wide:14.2f}x", flush=True)
-    floats = LLM(quantization="float", kv_cache_memory_gib=0.25)
+    floats = LLM(quantization="float", dtype=args.dtype, kv_cache_memory_gib=0.25)
     for llm in (stored, floats):
         prefill_rate(llm, 64, g)
     rates: dict[str, list[float]] = {"kept int4": [], "float": []}

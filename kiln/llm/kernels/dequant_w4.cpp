@@ -2,7 +2,8 @@
 // fp32 [N, K] in memory, for prefill-sized inputs: there a GEMM on the
 // widened weight (oneDNN, 2-2.5x the int4 kernel's rate at 512-1000 rows)
 // pays for widening every weight once per call, which torch ops did at ~10x
-// this function's cost (docs/benchmarks.md, "int4 prefill").
+// this function's cost (docs/benchmarks.md, "int4 prefill"). bf16 models on
+// CPUs with bf16 dot products widen to bf16 (from 32 rows: oneDNN's bf16 GEMM).
 //
 // Each row as int4_widen.h's widen_row: the weight the kernel multiplies by.
 #include <ATen/ATen.h>
@@ -18,18 +19,27 @@ namespace {
 
 using kiln_int4::widen_row;
 
-template <typename P>
-void widen(const at::Tensor& codes, const P* params, at::Tensor& out, int64_t G) {
+template <typename P, typename O>
+void widen(const at::Tensor& codes, const P* params, O* o, int64_t G) {
   const int64_t N = codes.size(0), K = codes.size(1) * 2, groups = K / G;
   const uint8_t* c = codes.const_data_ptr<uint8_t>();
-  float* o = out.mutable_data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) widen_row(c + n * (K / 2), params + n * groups * 2, o + n * K, K, G);
   });
 }
 
-// codes uint8 [N, K/2], scale_min fp16 or fp32 [N, K/G, 2] -> fp32 [N, K].
-at::Tensor dequantize_w4(const at::Tensor& codes_in, const at::Tensor& scale_min_in, int64_t group_size) {
+template <typename P>
+void widen_to(const at::Tensor& codes, const P* params, at::Tensor& out, int64_t G) {
+  if (out.scalar_type() == at::kFloat)
+    widen(codes, params, out.mutable_data_ptr<float>(), G);
+  else
+    widen(codes, params, reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>()), G);
+}
+
+// codes uint8 [N, K/2], scale_min fp16 or fp32 [N, K/G, 2] -> fp32 [N, K]
+// (bf16: the same values rounded, in one pass).
+at::Tensor dequantize_w4(const at::Tensor& codes_in, const at::Tensor& scale_min_in, int64_t group_size,
+                         bool bf16) {
   TORCH_CHECK(codes_in.dim() == 2 && codes_in.scalar_type() == at::kByte && codes_in.device().is_cpu(),
               "dequantize_w4: uint8 CPU codes [N, K/2] required");
   const int64_t N = codes_in.size(0), K = codes_in.size(1) * 2;
@@ -39,15 +49,15 @@ at::Tensor dequantize_w4(const at::Tensor& codes_in, const at::Tensor& scale_min
   const bool fp32 = scale_min.scalar_type() == at::kFloat;
   TORCH_CHECK((fp32 || scale_min.scalar_type() == at::kHalf) && scale_min.numel() == N * (K / group_size) * 2,
               "dequantize_w4: fp16 or fp32 scale_min [N, K/G, 2] required");
-  at::Tensor out = at::empty({N, K}, codes.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({N, K}, codes.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   if (fp32)
-    widen(codes, scale_min.const_data_ptr<float>(), out, group_size);
+    widen_to(codes, scale_min.const_data_ptr<float>(), out, group_size);
   else
-    widen(codes, reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()), out, group_size);
+    widen_to(codes, reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()), out, group_size);
   return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(kiln, m) { m.def("dequantize_w4(Tensor codes, Tensor scale_min, int group_size) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(kiln, m) { m.def("dequantize_w4(Tensor codes, Tensor scale_min, int group_size, bool bf16=False) -> Tensor"); }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("dequantize_w4", dequantize_w4); }

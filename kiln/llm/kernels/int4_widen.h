@@ -24,11 +24,25 @@ inline void group_params(const P* p, float& scale, float& min) {
   }
 }
 
+inline void store8(float* out, __m256 w) { _mm256_storeu_ps(out, w); }
+
+// Eight bf16 (as uint16) rounded to nearest even, as torch's .to(torch.bfloat16)
+// rounds finite values (widened weights are finite): AVX2 only, so both builds have it.
+inline void store8(uint16_t* out, __m256 w) {
+  const __m256i bits = _mm256_castps_si256(w);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  // packus works within 128-bit lanes: [r0..r3 r0..r3 | r4..r7 r4..r7]; gather qwords 0 and 2.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0b1000);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
+
 // Runs of 64 weights as eight 32-bit words, word j holding weight 8s + j of
 // the run in bits 4s .. 4s+3, so nibble s of all eight words is weights
-// 8s .. 8s+7: one shift, one mask, one convert, one FMA, one store.
-template <typename P>
-inline void widen_row(const uint8_t* codes, const P* params, float* out, int64_t K, int64_t G) {
+// 8s .. 8s+7: one shift, one mask, one convert, one FMA, one store (O: float,
+// or uint16_t for bf16 rounded from that float).
+template <typename P, typename O>
+inline void widen_row(const uint8_t* codes, const P* params, O* out, int64_t K, int64_t G) {
   const __m256i low4 = _mm256_set1_epi32(0x0F);
   for (int64_t b = 0; b < K; b += 64) {
     const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b / 2));
@@ -37,7 +51,7 @@ inline void widen_row(const uint8_t* codes, const P* params, float* out, int64_t
       group_params(params + ((b + 8 * s) / G) * 2, scale, min);
       const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(words, _mm256_set1_epi32(4 * s)), low4);
       const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale), _mm256_set1_ps(min));
-      _mm256_storeu_ps(out + b + 8 * s, w);
+      store8(out + b + 8 * s, w);
     }
   }
 }

@@ -179,12 +179,15 @@ def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, gro
     return torch.ops.kiln.linear_w4(x, codes, scale_min, group_size)
 
 
-def dequantize_w4(codes: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor | None:
-    """The fp32 [N, K] weight of int4-group codes (linear_w4's layout), widened as
-    the kernel widens it (one FMA per weight), or None without the library."""
-    if not kernels_loaded() or codes.device.type != "cpu":
+def dequantize_w4(
+    codes: torch.Tensor, scale_min: torch.Tensor, group_size: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor | None:
+    """The [N, K] weight of int4-group codes (linear_w4's layout), widened as
+    the kernel widens it (one FMA per weight) in fp32, or that rounded to bf16
+    (as `.to(torch.bfloat16)` would) in the same pass; None without the library."""
+    if not kernels_loaded() or codes.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return None
-    return torch.ops.kiln.dequantize_w4(codes, scale_min, group_size)
+    return torch.ops.kiln.dequantize_w4(codes, scale_min, group_size, dtype == torch.bfloat16)
 
 
 def linear_w4_fp32x(

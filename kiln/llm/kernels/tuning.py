@@ -20,6 +20,14 @@ PACKED_MIN_ROWS = 32
 # at 256 (1 and 2 threads, three runs). Re-tune: bench/int4_prefill.py.
 INT4_DEQUANT_MIN_ROWS = 192
 
+# Rows above which an int4 Linear with bf16 activations, on a CPU with bf16 dot products, widens its whole
+# weight to bf16 (kiln::dequantize_w4) and runs oneDNN's bf16 GEMM instead of the fp32 int4 kernel.
+# SmolLM2's four int4 shapes summed, Zen 4 (AVX512_BF16), 2 threads, kernel / widened: 0.40x at 8 rows,
+# 0.84x at 12, 0.90x at 16, 1.09x at 24, 1.24x at 32, 1.21x at 64, 2.15x at 256, 2.74x at 1024; the 30
+# layers in turn (weights out of cache): 1.0-1.06x at 16, 1.65x at 32 (2026-12-03). Re-tune:
+# bench/int4_prefill.py --threads 2 --dtype bfloat16 --rows 8,12,16,24,32,64.
+INT4_BF16_WIDEN_MIN_ROWS = 16
+
 # Decode rows attended as one padded batch: bigger groups pad more keys, smaller ones make more calls.
 # Re-tune: bench/decode_step.py (B running requests of mixed context length).
 DECODE_GROUP_SIZE = 16

@@ -136,22 +136,62 @@ def test_bf16_activations_and_the_fallback_agree(monkeypatch):
 
 @needs_kernels
 def test_in_a_bf16_model_the_kernel_is_fp32_rounded_once_and_row_independent():
-    """What a bf16 model's kept int4 projection computes: the cast leaves codes and
-    fp16 scale/min alone, and each output row is the fp32 kernel on the widened
+    """What a bf16 model's kept int4 projection computes for decode-sized inputs
+    (at most INT4_BF16_WIDEN_MIN_ROWS rows): the cast leaves codes and fp16
+    scale/min alone, and each output row is the fp32 kernel on the widened
     input, rounded once to bf16, whatever the rows around it (a prefill's tail
-    after a prefix-cache hit gives the rows the whole prefill gives)."""
+    after a prefix-cache hit gives the rows a whole prefill of that size gives)."""
     layer = Int4CpuLinear.from_float(weight(), 64)
     codes, scale_min = layer.codes.clone(), layer.scale_min.clone()
     layer.to(torch.bfloat16)
     assert torch.equal(layer.codes, codes) and layer.scale_min.dtype == torch.float16
     assert torch.equal(layer.scale_min, scale_min)
-    x = torch.randn(37, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
+    x = torch.randn(int4_cpu.INT4_BF16_WIDEN_MIN_ROWS, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
     full = layer(x)
     assert full.dtype == torch.bfloat16
     fp32 = ops.linear_w4(x.float(), codes, scale_min, 64)
     assert fp32 is not None and torch.equal(full, fp32.bfloat16())
-    for rows in (slice(32, 37), slice(36, 37), slice(0, 1)):
+    for rows in (slice(11, 16), slice(15, 16), slice(0, 1)):
         assert torch.equal(layer(x[rows]), full[rows])
+
+
+@needs_kernels
+def test_in_a_bf16_model_larger_inputs_run_a_bf16_gemm_on_the_weight_widened_to_bf16():
+    """Above INT4_BF16_WIDEN_MIN_ROWS rows, on a CPU with bf16 dot products: the
+    model in bf16 (its weights rounded to bf16, as its activations are) through
+    oneDNN's bf16 GEMM; elsewhere the fp32 kernel as below that size."""
+    layer = Int4CpuLinear.from_float(weight(), 64).to(torch.bfloat16)
+    x = torch.randn(37, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
+    y = layer(x)
+    if ops.bf16_dot_products():
+        widened = ops.dequantize_w4(layer.codes, layer.scale_min, 64, torch.bfloat16)
+        assert widened is not None and torch.equal(widened, layer.dequantized_weight().bfloat16())
+        assert torch.equal(y, F.linear(x, widened))
+    else:
+        assert torch.equal(y, ops.linear_w4(x.float(), layer.codes, layer.scale_min, 64).bfloat16())
+    ref = F.linear(x.double(), layer.dequantized_weight().double())
+    torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@needs_kernels
+@pytest.mark.parametrize("params", [torch.float16, torch.float32])
+def test_the_weight_widened_to_bf16_is_the_fp32_one_rounded_to_nearest_even(params):
+    # scale 2^-8 and min 1: odd codes land exactly halfway between bf16 neighbours (spacing 2^-7 at 1.0).
+    q = torch.arange(16, dtype=torch.int32).repeat(4, 8)  # [4, 128]
+    scale_min = torch.tensor([2.0 ** -8, 1.0]).repeat(4, 4, 1).to(params)  # groups of 32
+    scale_min[1] = torch.tensor([-(2.0 ** -8), -1.0]).to(params)  # and negative ties
+    scale_min[2] = torch.tensor([3.0, -7.0]).to(params)
+    codes = pack_codes(q)
+    fp32 = ops.dequantize_w4(codes, scale_min, 32)
+    bf16 = ops.dequantize_w4(codes, scale_min, 32, torch.bfloat16)
+    assert fp32 is not None and bf16 is not None and bf16.dtype == torch.bfloat16
+    assert fp32[0, 1].item() == 1.0 + 2.0 ** -8 and bf16[0, 1].item() == 1.0  # a tie goes to the even neighbour
+    assert bf16[0, 3].item() == 1.0 + 2.0 ** -6
+    assert torch.equal(bf16, fp32.to(torch.bfloat16))
+    layer = Int4CpuLinear.from_float(weight(96, 256), 32)
+    sm = layer.scale_min.to(params)
+    assert torch.equal(ops.dequantize_w4(layer.codes, sm, 32, torch.bfloat16),
+                       ops.dequantize_w4(layer.codes, sm, 32).to(torch.bfloat16))
 
 
 @needs_kernels
