@@ -2,9 +2,11 @@
 running oneDNN (what Int4CpuLinear does above INT4_DEQUANT_MIN_ROWS rows),
 per row count, on the default model's (SmolLM2-135M Q4_1) int4 Linears;
 then whole prompts through the engine, kept int4 against `--quantization
-float`. With `--dtype bfloat16` (a CPU with bf16 dot products): widening to
-bf16 and oneDNN's bf16 GEMM (what it does above INT4_BF16_WIDEN_MIN_ROWS
-rows of bf16 activations), and bf16 engines.
+float`. With `--dtype bfloat16` (a CPU with bf16 dot products): also Kiln's
+bf16 kernel on weight tiles widened as it goes (kiln::linear_w4_bf16), and
+widening to bf16 for oneDNN's bf16 GEMM (Int4CpuLinear's paths for bf16
+activations, INT4_BF16_MIN_ROWS / INT4_BF16_DEQUANT_MIN_ROWS), and bf16
+engines.
 
 Per row count M: the median over --repeats of one call of each path on
 every int4 Linear shape of the model, summed over the shapes (one layer's
@@ -84,14 +86,21 @@ def main() -> None:
         raise SystemExit("no int4 Linear in the default model (kernels not loaded?)")
     g = torch.Generator().manual_seed(0)
     print(f"threads={args.threads}  shapes={[(m.out_features, m.in_features) for m in layers]}")
-    print(f"rows  int4 kernel ms  widened ({args.dtype})+oneDNN ms  kernel/widened")
+    bf16 = args.dtype == "bfloat16"
+    print(f"rows  int4 kernel ms  widened ({args.dtype})+oneDNN ms  kernel/widened"
+          + ("  tiled bf16 ms  kernel/tiled" if bf16 else ""))
     for rows in (int(r) for r in args.rows.split(",")):
         xs = [torch.randn(rows, m.in_features, generator=g) for m in layers]
         kernel = sum(timed(lambda m=m, x=x: ops.linear_w4(x, m.codes, m.scale_min, m.group_size), args.repeats)
                      for m, x in zip(layers, xs, strict=True))
         wide = sum(timed(lambda m=m, x=x: widened(m, x.to(getattr(torch, args.dtype))), args.repeats)
                    for m, x in zip(layers, xs, strict=True))
-        print(f"{rows:4d}  {kernel * 1e3:14.2f}  {wide * 1e3:17.2f}  {kernel / wide:14.2f}x", flush=True)
+        line = f"{rows:4d}  {kernel * 1e3:14.2f}  {wide * 1e3:17.2f}  {kernel / wide:14.2f}x"
+        if bf16:
+            tiled = sum(timed(lambda m=m, x=x.bfloat16(): ops.linear_w4_bf16(x, m.codes, m.scale_min, m.group_size),
+                              args.repeats) for m, x in zip(layers, xs, strict=True))
+            line += f"  {tiled * 1e3:13.2f}  {kernel / tiled:11.2f}x"
+        print(line, flush=True)
     floats = LLM(quantization="float", dtype=args.dtype, kv_cache_memory_gib=0.25)
     for llm in (stored, floats):
         prefill_rate(llm, 64, g)

@@ -3,7 +3,8 @@
 // widened weight (oneDNN, 2-2.5x the int4 kernel's rate at 512-1000 rows)
 // pays for widening every weight once per call, which torch ops did at ~10x
 // this function's cost (docs/benchmarks.md, "int4 prefill"). bf16 models on
-// CPUs with bf16 dot products widen to bf16 (from 32 rows: oneDNN's bf16 GEMM).
+// CPUs with bf16 dot products widen to bf16 (for oneDNN's bf16 GEMM above
+// INT4_BF16_DEQUANT_MIN_ROWS rows, kiln/llm/kernels/tuning.py).
 //
 // Each row as int4_widen.h's widen_row: the weight the kernel multiplies by.
 #include <ATen/ATen.h>

@@ -19,6 +19,10 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "int4_widen.h"
 #include "kernels.h"
 #include "linear_tiling.h"
 #include "simd512.h"
@@ -108,10 +112,74 @@ at::Tensor linear_bf16(const at::Tensor& x_in, const at::Tensor& w) {
   return y;
 }
 
+// int4 group weights (linear_f32.cpp's Int4Problem layout) against bf16 x,
+// for a bf16 model's batches too small to repay widening the whole weight in
+// memory for oneDNN: each tile of weight rows is widened once to bf16 into a
+// per-thread buffer (widen_row: the int4 kernel's FMA, rounded as
+// .to(torch.bfloat16) rounds it) and every x row runs the micro-kernels above
+// on it, so each output is the chain linear_bf16 computes on the whole
+// widened weight: equal to linear_bf16(x, dequantize_w4(.., bf16=True)) bit
+// for bit, whatever M (tiling as linear_f32.cpp's run_w4_tiles).
+template <typename P>
+void run_w4_bf16(const uint16_t* x, const uint8_t* codes, const P* scale_min, c10::BFloat16* y, int64_t M,
+                 int64_t K, int64_t N, int64_t G) {
+  using Dense = Bf16DotProblem<c10::BFloat16>;
+  constexpr int WR = Dense::kWideRows, WC = Dense::kWideCols;
+  const int64_t groups = K / G;
+  const int64_t tile = std::max<int64_t>(WC, kiln_linear::kWeightTileBytes / (K * 2) / WC * WC);
+  const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 2) / WR * WR);
+  at::parallel_for(0, N, 4 * WC, [&](int64_t n_begin, int64_t n_end) {
+    std::vector<uint16_t> widened(tile * K);
+    for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
+      const int64_t rows = std::min(tile, n_end - t0);
+      for (int64_t r = 0; r < rows; ++r)
+        kiln_int4::widen_row(codes + (t0 + r) * (K / 2), scale_min + (t0 + r) * groups * 2, widened.data() + r * K,
+                             K, G);
+      const Dense d{x, widened.data(), y + t0, K, N};  // y's row stride stays N
+      for (int64_t m0 = 0; m0 < M; m0 += row_block)
+        kiln_linear::Kernels<Dense>::block(d, m0, std::min(M, m0 + row_block), 0, rows);
+    }
+  });
+}
+
+// x bf16 [M, K] @ int4-group weights^T (scale_min fp16 or fp32 [N, K/G, 2]) -> bf16 [M, N].
+at::Tensor linear_w4_bf16(const at::Tensor& x_in, const at::Tensor& codes_in, const at::Tensor& scale_min_in,
+                          int64_t group_size) {
+  TORCH_CHECK(codes_in.dim() == 2 && codes_in.scalar_type() == at::kByte && codes_in.device().is_cpu(),
+              "linear_w4_bf16: uint8 CPU codes [N, K/2] required");
+  const int64_t N = codes_in.size(0), K = codes_in.size(1) * 2;
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kBFloat16 && x_in.device().is_cpu(),
+              "linear_w4_bf16: bf16 CPU x [M, K] required");
+  TORCH_CHECK(group_size > 0 && group_size % 32 == 0 && K % group_size == 0 && K % 64 == 0,
+              "linear_w4_bf16: group_size must be a multiple of 32 dividing K, and K a multiple of 64");
+  const at::Tensor x = x_in.contiguous(), codes = codes_in.contiguous(), scale_min = scale_min_in.contiguous();
+  const bool fp32 = scale_min.scalar_type() == at::kFloat;
+  TORCH_CHECK((fp32 || scale_min.scalar_type() == at::kHalf) && scale_min.numel() == N * (K / group_size) * 2,
+              "linear_w4_bf16: fp16 or fp32 scale_min [N, K/G, 2] required");
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
+  auto* yb = y.mutable_data_ptr<c10::BFloat16>();
+  if (fp32)
+    run_w4_bf16(xb, codes.const_data_ptr<uint8_t>(), scale_min.const_data_ptr<float>(), yb, x.size(0), K, N,
+                group_size);
+  else
+    run_w4_bf16(xb, codes.const_data_ptr<uint8_t>(),
+                reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()), yb, x.size(0), K, N,
+                group_size);
+  return y;
+}
+
 }  // namespace
 
 namespace kiln {
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) { return ::linear_bf16(x, w); }
 }  // namespace kiln
 
-TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("linear_bf16", linear_bf16); }
+// linear_w4_bf16 exists in this build only (ops.linear_w4_bf16 asks for it where it is loaded).
+TORCH_LIBRARY_FRAGMENT(kiln, m) {
+  m.def("linear_w4_bf16(Tensor x, Tensor codes, Tensor scale_min, int group_size) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(kiln, CPU, m) {
+  m.impl("linear_bf16", linear_bf16);
+  m.impl("linear_w4_bf16", linear_w4_bf16);
+}

@@ -190,6 +190,18 @@ def dequantize_w4(
     return torch.ops.kiln.dequantize_w4(codes, scale_min, group_size, dtype == torch.bfloat16)
 
 
+def linear_w4_bf16(
+    x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int
+) -> torch.Tensor | None:
+    """x [M, K] bf16 @ int4-group weights^T -> bf16, by Kiln's bf16 dot-product
+    kernel on weight tiles widened to bf16 as it goes (equal to linear_bf16 on
+    dequantize_w4(.., bfloat16)), or None where the build has no bf16 dot products."""
+    if not (bf16_dot_products() and x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+            and codes.dtype == torch.uint8 and scale_min.dtype in (torch.float16, torch.float32)):
+        return None
+    return torch.ops.kiln.linear_w4_bf16(x, codes, scale_min, group_size)
+
+
 def linear_w4_fp32x(
     x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int
 ) -> torch.Tensor | None:

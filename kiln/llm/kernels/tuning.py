@@ -20,13 +20,18 @@ PACKED_MIN_ROWS = 32
 # at 256 (1 and 2 threads, three runs). Re-tune: bench/int4_prefill.py.
 INT4_DEQUANT_MIN_ROWS = 192
 
-# Rows above which an int4 Linear with bf16 activations, on a CPU with bf16 dot products, widens its whole
-# weight to bf16 (kiln::dequantize_w4) and runs oneDNN's bf16 GEMM instead of the fp32 int4 kernel.
-# SmolLM2's four int4 shapes summed, Zen 4 (AVX512_BF16), 2 threads, kernel / widened: 0.40x at 8 rows,
-# 0.84x at 12, 0.90x at 16, 1.09x at 24, 1.24x at 32, 1.21x at 64, 2.15x at 256, 2.74x at 1024; the 30
-# layers in turn (weights out of cache): 1.0-1.06x at 16, 1.65x at 32 (2026-12-03). Re-tune:
-# bench/int4_prefill.py --threads 2 --dtype bfloat16 --rows 8,12,16,24,32,64.
-INT4_BF16_WIDEN_MIN_ROWS = 16
+# An int4 Linear with bf16 activations, on a CPU with bf16 dot products: above INT4_BF16_MIN_ROWS rows
+# Kiln's bf16 kernel on weight tiles widened to bf16 as it goes (kiln::linear_w4_bf16) instead of the
+# fp32 int4 kernel; above INT4_BF16_DEQUANT_MIN_ROWS the whole weight widened to bf16 in memory
+# (kiln::dequantize_w4) and oneDNN's bf16 GEMM. SmolLM2's 30 layers of int4 projections, Zen 4
+# (AVX512_BF16), 2 threads, ms, fp32 kernel / tiled bf16 / widened + oneDNN: 8 rows 17.8-20.0 /
+# 23.6-26.2 / 30.6-39.4; 9: 33.2 / 25.3 / 32.7; 16: 50.8 / 32.7 / 45.9; 64: 150.1 / 74.6 / 105.1;
+# 128: 213.3-300.9 / 105.2-134.8 / 100.5-138.5; 144: 252.4 / 131.6 / 109.9; 256: 528.6 / 240.3 /
+# 205.5 (2026-12-03; a pass over all 30 layers, weights streamed from memory as in a model). bench/
+# int4_prefill.py --threads 2 --dtype bfloat16 --rows 8,9,16,64,128 times one layer of each shape, its
+# weights cache-resident, which favours widening in memory: there oneDNN led from 64 rows (2.17 vs 2.55 ms).
+INT4_BF16_MIN_ROWS = 8
+INT4_BF16_DEQUANT_MIN_ROWS = 128
 
 # Decode rows attended as one padded batch: bigger groups pad more keys, smaller ones make more calls.
 # Re-tune: bench/decode_step.py (B running requests of mixed context length).

@@ -22,10 +22,12 @@ dequantizes with one FMA. That is compute-bound, so inputs of more than
 INT4_DEQUANT_MIN_ROWS rows (prefill chunks) widen the weight once per call
 into memory (kiln::dequantize_w4, the same FMA), pack it and run oneDNN,
 as fp32 Linears do above their row limit. A bf16 model on a CPU with bf16
-dot products (AVX512_BF16, AMX) widens to bf16 instead, from more than
-INT4_BF16_WIDEN_MIN_ROWS rows, and runs oneDNN's bf16 GEMM: what the model
-in bf16 would compute (its weights rounded to bf16, its activations are
-already), ~2x the fp32 paths' rate from 32 rows on Zen 4. (`linear_w4a8` quantizes the
+dot products (AVX512_BF16, AMX) computes what the model in bf16 would (its
+weights rounded to bf16, as its activations are) above INT4_BF16_MIN_ROWS
+rows: Kiln's bf16 kernel on weight tiles widened as it goes
+(kiln::linear_w4_bf16), and above INT4_BF16_DEQUANT_MIN_ROWS oneDNN's bf16
+GEMM on the whole weight widened in memory; 1.3-2.2x the fp32 paths from 9
+rows on Zen 4 (kiln/llm/kernels/tuning.py). (`linear_w4a8` quantizes the
 activations to int8 instead: faster, SmolLM2's perplexity 0.4-0.7% higher;
 not the default, see linear_f32.cpp.) Where the kernel does not apply
 (library absent, another device) forward dequantizes and runs F.linear, so
@@ -43,9 +45,10 @@ from kiln.llm.kernels.ops import (
     kernels_loaded,
     linear_packed,
     linear_w4,
+    linear_w4_bf16,
     pack_linear_weight,
 )
-from kiln.llm.kernels.tuning import INT4_BF16_WIDEN_MIN_ROWS, INT4_DEQUANT_MIN_ROWS
+from kiln.llm.kernels.tuning import INT4_BF16_DEQUANT_MIN_ROWS, INT4_BF16_MIN_ROWS, INT4_DEQUANT_MIN_ROWS
 from kiln.llm.quant.base import QuantizedLinear
 
 RUN = 64  # weights per 32-byte run of codes
@@ -121,8 +124,8 @@ class Int4CpuLinear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if x2.dtype == torch.bfloat16 and x2.shape[0] > INT4_BF16_WIDEN_MIN_ROWS:
-            y = self._widened_bf16(x2)
+        if x2.dtype == torch.bfloat16 and x2.shape[0] > INT4_BF16_MIN_ROWS:
+            y = self._bf16(x2)
             if y is not None:
                 return y.reshape(*x.shape[:-1], self.out_features)
         x2 = x2.float()
@@ -140,11 +143,14 @@ class Int4CpuLinear(QuantizedLinear):
         packed = pack_linear_weight(weight) if weight is not None else None
         return linear_packed(x, packed) if packed is not None else None
 
-    def _widened_bf16(self, x: torch.Tensor) -> torch.Tensor | None:
-        """x @ W^T in bf16 through oneDNN on W widened to bf16 for this call, where
-        the CPU has bf16 dot products (elsewhere oneDNN's bf16 is slower than the fp32 paths)."""
+    def _bf16(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x @ W^T in bf16 on W widened to bf16, where the CPU has bf16 dot products
+        (elsewhere the fp32 paths are faster): tile by tile in Kiln's kernel, or for
+        prefill-sized x the whole W for this call through oneDNN."""
         if x.device.type != "cpu" or not bf16_dot_products():
             return None
+        if x.shape[0] <= INT4_BF16_DEQUANT_MIN_ROWS:
+            return linear_w4_bf16(x, self.codes, self.scale_min, self.group_size)
         weight = dequantize_w4(self.codes, self.scale_min, self.group_size, torch.bfloat16)
         return F.linear(x, weight) if weight is not None else None
 

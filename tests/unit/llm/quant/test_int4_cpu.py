@@ -137,40 +137,76 @@ def test_bf16_activations_and_the_fallback_agree(monkeypatch):
 @needs_kernels
 def test_in_a_bf16_model_the_kernel_is_fp32_rounded_once_and_row_independent():
     """What a bf16 model's kept int4 projection computes for decode-sized inputs
-    (at most INT4_BF16_WIDEN_MIN_ROWS rows): the cast leaves codes and fp16
-    scale/min alone, and each output row is the fp32 kernel on the widened
-    input, rounded once to bf16, whatever the rows around it (a prefill's tail
-    after a prefix-cache hit gives the rows a whole prefill of that size gives)."""
+    (at most INT4_BF16_MIN_ROWS rows): the cast leaves codes and fp16 scale/min
+    alone, and each output row is the fp32 kernel on the widened input, rounded
+    once to bf16, whatever the rows around it (a prefill's tail after a
+    prefix-cache hit gives the rows a whole prefill of that size gives)."""
     layer = Int4CpuLinear.from_float(weight(), 64)
     codes, scale_min = layer.codes.clone(), layer.scale_min.clone()
     layer.to(torch.bfloat16)
     assert torch.equal(layer.codes, codes) and layer.scale_min.dtype == torch.float16
     assert torch.equal(layer.scale_min, scale_min)
-    x = torch.randn(int4_cpu.INT4_BF16_WIDEN_MIN_ROWS, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
+    x = torch.randn(int4_cpu.INT4_BF16_MIN_ROWS, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
     full = layer(x)
     assert full.dtype == torch.bfloat16
     fp32 = ops.linear_w4(x.float(), codes, scale_min, 64)
     assert fp32 is not None and torch.equal(full, fp32.bfloat16())
-    for rows in (slice(11, 16), slice(15, 16), slice(0, 1)):
+    for rows in (slice(3, 8), slice(7, 8), slice(0, 1)):
         assert torch.equal(layer(x[rows]), full[rows])
 
 
 @needs_kernels
-def test_in_a_bf16_model_larger_inputs_run_a_bf16_gemm_on_the_weight_widened_to_bf16():
-    """Above INT4_BF16_WIDEN_MIN_ROWS rows, on a CPU with bf16 dot products: the
-    model in bf16 (its weights rounded to bf16, as its activations are) through
-    oneDNN's bf16 GEMM; elsewhere the fp32 kernel as below that size."""
+@pytest.mark.parametrize("rows", [9, 37, int4_cpu.INT4_BF16_DEQUANT_MIN_ROWS + 3])
+def test_in_a_bf16_model_larger_inputs_run_bf16_dot_products_on_the_weight_widened_to_bf16(rows):
+    """Above INT4_BF16_MIN_ROWS rows, on a CPU with bf16 dot products: the model in
+    bf16 (its weights rounded to bf16, as its activations are), through Kiln's
+    bf16 kernel up to INT4_BF16_DEQUANT_MIN_ROWS rows and oneDNN's bf16 GEMM
+    above; elsewhere the fp32 kernel, as below that size."""
     layer = Int4CpuLinear.from_float(weight(), 64).to(torch.bfloat16)
-    x = torch.randn(37, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
     y = layer(x)
     if ops.bf16_dot_products():
         widened = ops.dequantize_w4(layer.codes, layer.scale_min, 64, torch.bfloat16)
         assert widened is not None and torch.equal(widened, layer.dequantized_weight().bfloat16())
-        assert torch.equal(y, F.linear(x, widened))
+        if rows <= int4_cpu.INT4_BF16_DEQUANT_MIN_ROWS:
+            assert torch.equal(y, torch.ops.kiln.linear_bf16(x, widened))
+        else:
+            assert torch.equal(y, F.linear(x, widened))
     else:
         assert torch.equal(y, ops.linear_w4(x.float(), layer.codes, layer.scale_min, 64).bfloat16())
     ref = F.linear(x.double(), layer.dequantized_weight().double())
     torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+needs_bf16_dots = pytest.mark.skipif(not ops.bf16_dot_products(), reason="no AVX512_BF16 kernel build loaded")
+
+
+@needs_bf16_dots
+@pytest.mark.parametrize("params", [torch.float16, torch.float32])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_linear_w4_bf16_is_linear_bf16_on_the_widened_weight_row_independently(params, group_size):
+    layer = Int4CpuLinear.from_float(weight(301, 1536), group_size)
+    scale_min = layer.scale_min.to(params)
+    widened = ops.dequantize_w4(layer.codes, scale_min, group_size, torch.bfloat16)
+    x = torch.randn(67, 1536, generator=torch.Generator().manual_seed(5)).bfloat16()
+    y = ops.linear_w4_bf16(x, layer.codes, scale_min, group_size)
+    assert y is not None and y.dtype == torch.bfloat16
+    assert torch.equal(y, torch.ops.kiln.linear_bf16(x, widened))
+    for rows in (slice(0, 1), slice(5, 14), slice(60, 67)):
+        assert torch.equal(ops.linear_w4_bf16(x[rows], layer.codes, scale_min, group_size), y[rows])
+
+
+@needs_bf16_dots
+def test_linear_w4_bf16_refuses_operands_it_cannot_take():
+    layer = Int4CpuLinear.from_float(weight(40, 256), 32)
+    x = torch.randn(3, 256).bfloat16()
+    assert ops.linear_w4_bf16(x.float(), layer.codes, layer.scale_min, 32) is None  # fp32 x: the fp32 kernel's
+    with pytest.raises(RuntimeError, match="group_size"):
+        torch.ops.kiln.linear_w4_bf16(x, layer.codes, layer.scale_min, 48)
+    with pytest.raises(RuntimeError, match="bf16 CPU x"):
+        torch.ops.kiln.linear_w4_bf16(torch.randn(3, 128).bfloat16(), layer.codes, layer.scale_min, 32)
+    with pytest.raises(RuntimeError, match="scale_min"):
+        torch.ops.kiln.linear_w4_bf16(x, layer.codes, layer.scale_min[:, :1], 32)
 
 
 @needs_kernels
