@@ -97,8 +97,9 @@ def main() -> None:
                    for m, x in zip(layers, xs, strict=True))
         line = f"{rows:4d}  {kernel * 1e3:14.2f}  {wide * 1e3:17.2f}  {kernel / wide:14.2f}x"
         if bf16:
-            tiled = sum(timed(lambda m=m, x=x.bfloat16(): ops.linear_w4_bf16(x, m.codes, m.scale_min, m.group_size),
-                              args.repeats) for m, x in zip(layers, xs, strict=True))
+            xs16 = [x.bfloat16() for x in xs]
+            tiled = sum(timed(lambda m=m, x=x: ops.linear_w4_bf16(x, m.codes, m.scale_min, m.group_size),
+                              args.repeats) for m, x in zip(layers, xs16, strict=True))
             line += f"  {tiled * 1e3:13.2f}  {kernel / tiled:11.2f}x"
         print(line, flush=True)
     floats = LLM(quantization="float", dtype=args.dtype, kv_cache_memory_gib=0.25)
