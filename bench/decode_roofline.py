@@ -43,6 +43,8 @@ MODES = {
     # from the stored Q8_0 head (-floathead: from its float copy, bit-identical, as before).
     "default": dict(),
     "default-floathead": dict(),
+    # The same kept int4 projections under an explicit --dtype bfloat16 (bf16 activations and KV pool).
+    "default-bf16": dict(dtype="bfloat16"),
     "int8": dict(dtype="float32", quantization="int8"),
     "int4": dict(dtype="float32", quantization="int4"),
     "int8-bf16": dict(dtype="bfloat16", quantization="int8"),

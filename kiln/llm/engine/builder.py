@@ -60,15 +60,20 @@ def resolve_dtype(config: EngineConfig, stored: torch.dtype | None, keeps_int4: 
     """`config` with its model dtype decided (`--dtype auto` resolved, see
     dtype_choice) and logged; everything after this reads a concrete dtype.
     `keeps_int4`: the model will keep a pre-quantized checkpoint's int4 projections
-    (then `auto` on CPU is float32; an explicit dtype is honoured)."""
+    (then `auto` on CPU is float32; an explicit dtype is honoured, `--dtype bfloat16`
+    being the faster choice for batch throughput on AVX512_BF16/AMX CPUs)."""
     choice = choose_dtype(config.model.dtype, config.model.device, stored)
     if keeps_int4 and config.model.dtype == "auto" and config.model.device == "cpu" and choice.dtype != "float32":
-        # Kiln's int4 kernels take float32 activations: in a 16-bit model every kept int4
-        # projection widens its input and rounds its output, and the fused decode layer
-        # does not apply, so batch-1 decode is slower in bfloat16 (docs/benchmarks.md).
-        # An explicit 16-bit --dtype is honoured: the projections still compute with the
-        # stored weights exactly (QuantizedLinear keeps their scales through the cast).
-        choice = DtypeChoice("float32", "auto: a pre-quantized checkpoint's int4 kernels take float32 activations")
+        # In float32 every kept int4 projection computes with the stored weights exactly
+        # and row by row alike, so a prompt's tail after a prefix-cache hit, a lone request
+        # and a batched one get the same bits. In bfloat16 (1.4-1.5x the batch throughput,
+        # batch-1 decode about equal: docs/benchmarks.md, "int4 weights in a bf16 model")
+        # up to 8 rows take the fp32 kernel on the exact weights and more rows bf16 dot
+        # products on weights rounded to bf16, and greedy answers near a tie flip between
+        # the two (a streamed repeat of a chat answered otherwise than the first, measured).
+        # An explicit 16-bit --dtype is honoured.
+        choice = DtypeChoice("float32", "auto: a pre-quantized checkpoint's int4 projections compute the "
+                             "same bits at every batch size in float32")
     log.info("model dtype %s (%s)", choice.dtype, choice.reason)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=choice.dtype))
 

@@ -11,7 +11,7 @@ what the kernel takes per layer and when a step may use it.
 
 It applies to a plain (not sharded) fp32 or bf16 CPU model with Kiln's
 kernels loaded, every projection in the model's dtype (fp32 models: also
-int8 or Kiln-format int4), a head layout the paged kernel takes, and a step
+int8; fp32 and bf16 models: Kiln-format int4), a head layout the paged kernel takes, and a step
 of decode rows only, at most packed_min_rows(dtype) of them (above that the
 module path's projections switch to oneDNN).
 Families whose layer is Llama's with q/k/v biases (Qwen2), q/k norms
@@ -95,15 +95,18 @@ def supported(arch: ModelArch, embed_tokens: torch.Tensor) -> bool:
 
 def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], int] | None:
     """(tensors the kernel takes, int4 group size or 0) for a model of
-    `dtype`, or None. The quantized kernels take fp32 activations only."""
+    `dtype`, or None. The quantized kernels take fp32 activations; a bf16
+    model's int4 projections widen their rows to fp32 and round the result, as
+    Int4CpuLinear does at decode sizes (invariant: the fused layer's bf16 row
+    limit, BF16_PACKED_MIN_ROWS, is at most INT4_BF16_MIN_ROWS)."""
     if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
         return [module.weight], 0
+    if type(module) is Int4CpuLinear and dtype in (torch.float32, torch.bfloat16):
+        return [module.codes, module.scale_min], module.group_size
     if dtype != torch.float32:
         return None
     if type(module) is Int8Linear:
         return [module.weight_int8, module.scales_f32], 0
-    if type(module) is Int4CpuLinear:
-        return [module.codes, module.scale_min], module.group_size
     return None
 
 

@@ -272,10 +272,11 @@ def test_a_fast_model_runs_on_the_event_loop_thread_after_its_first_call():
         await batcher.stop()
         return model.threads
     loop_thread = threading.get_ident()  # asyncio.run runs the loop on this thread
-    # A cold first call can take milliseconds on a busy machine; the average then
-    # needs a few fast calls to fall under the budget, so the tail is checked.
+    # A cold first call can take milliseconds on a busy machine, and a preempted inline
+    # call moves the next one or two back to the thread (then a probe returns it), so
+    # most calls, not every one, are checked.
     fast = run(main(0.0, 30))
-    assert fast[0] != loop_thread and fast[-5:] == [loop_thread] * 5
+    assert fast[0] != loop_thread and fast.count(loop_thread) >= 20
     slow = run(main(0.2, 3))
     assert loop_thread not in slow
 

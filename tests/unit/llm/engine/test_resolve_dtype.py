@@ -1,7 +1,8 @@
-"""The model dtype with a pre-quantized checkpoint's int4 projections: Kiln's
-int4 kernels take float32 activations, so on CPU `auto` keeps float32 there
-(bfloat16 would only add conversions and lose the fused decode layer); an
-explicit 16-bit dtype is honoured like any other. (It used to be refused for a
+"""The model dtype with a pre-quantized checkpoint's int4 projections: on CPU
+`auto` keeps float32 there, where they compute the same bits at every batch
+size (in bfloat16, faster for batches, up to 8 rows and more rows take
+different kernels and weights rounded differently: kiln/llm/engine/builder.py);
+an explicit 16-bit dtype is honoured like any other. (It used to be refused for a
 supposed prefix-cache defect that was a near-tie flipped by 16-bit rounding:
 tests/integration/llm/test_numerics.py.)"""
 import pytest

@@ -15,7 +15,7 @@ import torch
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.kernels.ops import packed_min_rows
-from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
+from kiln.llm.kernels.tuning import INT4_BF16_MIN_ROWS, PACKED_MIN_ROWS
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch, MoEShape
 from kiln.llm.models.gemma import GemmaModel
@@ -52,8 +52,8 @@ def model_in(mode: str, arch: LlamaArch = ARCH) -> LlamaModel:
     for name, p in model.named_parameters():
         norm = "layernorm" in name or name == "norm.weight" or name.endswith("_norm.weight")
         p.data.normal_(1.0, 0.1) if norm else p.data.normal_(0, 0.05)
-    quantization = {"fp32": None, "bf16": None, "int8": "int8", "int4": "int4"}[mode]
-    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    quantization = {"fp32": None, "bf16": None, "int8": "int8", "int4": "int4", "int4-bf16": "int4"}[mode]
+    dtype = torch.bfloat16 if mode in ("bf16", "int4-bf16") else torch.float32
     return model.finish(torch.device("cpu"), dtype, quantization, group_size=32)
 
 
@@ -92,7 +92,8 @@ def assert_fused_step_is_the_module_path(model: LlamaModel, batch: int, pool_dty
     "mode,pool_dtype",
     [("fp32", torch.float32), ("int8", torch.float32), ("int4", torch.float32),
      ("fp32", torch.float16), ("int4", torch.bfloat16),  # 16-bit KV pools (kv_cache_dtype)
-     ("bf16", torch.bfloat16), ("bf16", torch.float32)],  # a bf16 model: its own pool dtype, or fp32
+     ("bf16", torch.bfloat16), ("bf16", torch.float32),  # a bf16 model: its own pool dtype, or fp32
+     ("int4-bf16", torch.bfloat16)],  # a bf16 model keeping int4 projections (a GGUF's under --dtype bfloat16)
 )
 @pytest.mark.parametrize("batch", [1, 5, 20])  # 20 rows: two decode groups
 def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch):
@@ -105,6 +106,7 @@ def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch)
     "mode,qk_norm,inter",
     [("fp32", False, 128), ("int8", False, 128), ("int4", False, 128), ("bf16", False, 128),  # Mixtral's layer
      ("fp32", True, 128), ("int8", True, 128),  # Qwen3-MoE's (q/k norms: fp32 models only)
+     ("int4-bf16", False, 128),
      ("int4", False, 96)],  # experts' down_proj K=96 is no multiple of 64: not the kernel's int4, the block runs as is
 )
 @pytest.mark.parametrize("batch", [1, 5, 20])  # 1: the MoE block's one-token path; 20: two decode groups
@@ -153,6 +155,8 @@ def test_bf16_models_step_fused_up_to_their_own_row_limit():
     many = dataclasses.replace(meta, num_decodes=limit)
     assert fused_decode.applies(many, limit, torch.bfloat16)
     assert not fused_decode.applies(dataclasses.replace(meta, num_decodes=limit + 1), limit + 1, torch.bfloat16)
+    # Up to that limit a bf16 model's int4 projections take the fp32 kernel in the module path too.
+    assert limit <= INT4_BF16_MIN_ROWS
 
 
 def test_models_it_cannot_serve_keep_the_module_path():
