@@ -5,11 +5,14 @@
 // oneDNN at prefill sizes) and by linear_w4 above the narrow sizes (a tile of
 // rows at a time, reused by every x row).
 #pragma once
+#include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace kiln_int4 {
 
@@ -54,6 +57,25 @@ inline void widen_row(const uint8_t* codes, const P* params, O* out, int64_t K, 
       store8(out + b + 8 * s, w);
     }
   }
+}
+
+// Threads split the N weight rows (in chunks of `grain`); each takes its share
+// `tile` rows at a time, widens the tile once into its own buffer of O and
+// calls use(buffer, t0, rows), which passes every x row over it. linear_w4
+// (fp32 tiles, linear_f32.cpp) and linear_w4_bf16 (bf16, linear_bf16.cpp).
+template <typename O, typename P, typename Use>
+void over_widened_tiles(const uint8_t* codes, const P* scale_min, int64_t K, int64_t N, int64_t G, int64_t tile,
+                        int64_t grain, Use use) {
+  const int64_t groups = K / G;
+  at::parallel_for(0, N, grain, [&](int64_t n_begin, int64_t n_end) {
+    std::vector<O> widened(tile * K);
+    for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
+      const int64_t rows = std::min(tile, n_end - t0);
+      for (int64_t r = 0; r < rows; ++r)
+        widen_row(codes + (t0 + r) * (K / 2), scale_min + (t0 + r) * groups * 2, widened.data() + r * K, K, G);
+      use(widened.data(), t0, rows);
+    }
+  });
 }
 
 }  // namespace kiln_int4

@@ -20,7 +20,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "int4_widen.h"
 #include "kernels.h"
@@ -125,20 +124,13 @@ void run_w4_bf16(const uint16_t* x, const uint8_t* codes, const P* scale_min, c1
                  int64_t K, int64_t N, int64_t G) {
   using Dense = Bf16DotProblem<c10::BFloat16>;
   constexpr int WR = Dense::kWideRows, WC = Dense::kWideCols;
-  const int64_t groups = K / G;
   const int64_t tile = std::max<int64_t>(WC, kiln_linear::kWeightTileBytes / (K * 2) / WC * WC);
   const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 2) / WR * WR);
-  at::parallel_for(0, N, 4 * WC, [&](int64_t n_begin, int64_t n_end) {
-    std::vector<uint16_t> widened(tile * K);
-    for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
-      const int64_t rows = std::min(tile, n_end - t0);
-      for (int64_t r = 0; r < rows; ++r)
-        kiln_int4::widen_row(codes + (t0 + r) * (K / 2), scale_min + (t0 + r) * groups * 2, widened.data() + r * K,
-                             K, G);
-      const Dense d{x, widened.data(), y + t0, K, N};  // y's row stride stays N
-      for (int64_t m0 = 0; m0 < M; m0 += row_block)
-        kiln_linear::Kernels<Dense>::block(d, m0, std::min(M, m0 + row_block), 0, rows);
-    }
+  kiln_int4::over_widened_tiles<uint16_t>(codes, scale_min, K, N, G, tile, 4 * WC,
+                                          [&](const uint16_t* widened, int64_t t0, int64_t rows) {
+    const Dense d{x, widened, y + t0, K, N};  // y's row stride stays N
+    for (int64_t m0 = 0; m0 < M; m0 += row_block)
+      kiln_linear::Kernels<Dense>::block(d, m0, std::min(M, m0 + row_block), 0, rows);
   });
 }
 

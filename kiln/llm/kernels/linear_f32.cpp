@@ -254,20 +254,13 @@ template <typename P>
 void run_w4_tiles(const Int4Problem<P>& p, int64_t M) {
   using Dense = DenseProblem<float>;
   constexpr int WR = Dense::kWideRows, WC = Dense::kWideCols;
-  const int64_t K = p.K, N = p.N, groups = K / p.G;
+  const int64_t K = p.K;
   const int64_t tile = std::max<int64_t>(WC, kiln_linear::kWeightTileBytes / (K * 4) / WC * WC);
   const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 4) / WR * WR);
-  at::parallel_for(0, N, 4 * WC, [&](int64_t n_begin, int64_t n_end) {
-    std::vector<float> widened(tile * K);
-    for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
-      const int64_t rows = std::min(tile, n_end - t0);
-      for (int64_t r = 0; r < rows; ++r)
-        kiln_int4::widen_row(p.codes + (t0 + r) * (K / 2), p.scale_min + (t0 + r) * groups * 2,
-                             widened.data() + r * K, K, p.G);
-      const Dense d{p.x, widened.data(), nullptr, p.y + t0, K, N};  // y's row stride stays N
-      for (int64_t m0 = 0; m0 < M; m0 += row_block)
-        Kernels<Dense>::block(d, m0, std::min(M, m0 + row_block), 0, rows);
-    }
+  kiln_int4::over_widened_tiles<float>(p.codes, p.scale_min, K, p.N, p.G, tile, 4 * WC,
+                                       [&](const float* widened, int64_t t0, int64_t rows) {
+    const Dense d{p.x, widened, nullptr, p.y + t0, K, p.N};  // y's row stride stays N
+    for (int64_t m0 = 0; m0 < M; m0 += row_block) Kernels<Dense>::block(d, m0, std::min(M, m0 + row_block), 0, rows);
   });
 }
 
