@@ -39,22 +39,10 @@ void widen_to(const at::Tensor& codes, const P* params, at::Tensor& out, int64_t
 
 // codes uint8 [N, K/2], scale_min fp16 or fp32 [N, K/G, 2] -> fp32 [N, K]
 // (bf16: the same values rounded, in one pass).
-at::Tensor dequantize_w4(const at::Tensor& codes_in, const at::Tensor& scale_min_in, int64_t group_size,
-                         bool bf16) {
-  TORCH_CHECK(codes_in.dim() == 2 && codes_in.scalar_type() == at::kByte && codes_in.device().is_cpu(),
-              "dequantize_w4: uint8 CPU codes [N, K/2] required");
-  const int64_t N = codes_in.size(0), K = codes_in.size(1) * 2;
-  TORCH_CHECK(group_size > 0 && group_size % 32 == 0 && K % group_size == 0 && K % 64 == 0,
-              "dequantize_w4: group_size must be a multiple of 32 dividing K, and K a multiple of 64");
-  const at::Tensor codes = codes_in.contiguous(), scale_min = scale_min_in.contiguous();
-  const bool fp32 = scale_min.scalar_type() == at::kFloat;
-  TORCH_CHECK((fp32 || scale_min.scalar_type() == at::kHalf) && scale_min.numel() == N * (K / group_size) * 2,
-              "dequantize_w4: fp16 or fp32 scale_min [N, K/G, 2] required");
-  at::Tensor out = at::empty({N, K}, codes.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-  if (fp32)
-    widen_to(codes, scale_min.const_data_ptr<float>(), out, group_size);
-  else
-    widen_to(codes, reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()), out, group_size);
+at::Tensor dequantize_w4(const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size, bool bf16) {
+  const kiln_int4::Weight w = kiln_int4::checked_weight(codes, scale_min, group_size, "dequantize_w4");
+  at::Tensor out = at::empty({w.N, w.K}, w.codes.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  w.with_params([&](const auto* params) { widen_to(w.codes, params, out, w.G); });
   return out;
 }
 

@@ -5,6 +5,7 @@
 // oneDNN at prefill sizes) and by linear_w4 above the narrow sizes (a tile of
 // rows at a time, reused by every x row).
 #pragma once
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
@@ -15,6 +16,36 @@
 #include <vector>
 
 namespace kiln_int4 {
+
+// An int4 group-wise weight as every kernel taking one checks it (`name`
+// heads the message): codes uint8 CPU [N, K/2], scale_min fp16 or fp32 CPU
+// [N, K/G, 2], G a multiple of 32 dividing K, K a multiple of 64.
+struct Weight {
+  at::Tensor codes, scale_min;  // contiguous
+  int64_t N, K, G;
+
+  // f(params), params `const float*` or `const uint16_t*` (fp16 bits) by scale_min's dtype.
+  template <typename F>
+  void with_params(F&& f) const {
+    if (scale_min.scalar_type() == at::kFloat)
+      f(scale_min.const_data_ptr<float>());
+    else
+      f(reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()));
+  }
+};
+
+inline Weight checked_weight(const at::Tensor& codes, const at::Tensor& scale_min, int64_t G, const char* name) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && codes.device().is_cpu(), name,
+              ": uint8 CPU codes [N, K/2] required");
+  const int64_t N = codes.size(0), K = codes.size(1) * 2;
+  TORCH_CHECK(G > 0 && G % 32 == 0 && K % G == 0 && K % 64 == 0, name,
+              ": group_size must be a multiple of 32 dividing K, and K a multiple of 64");
+  const at::ScalarType params = scale_min.scalar_type();
+  TORCH_CHECK((params == at::kFloat || params == at::kHalf) && scale_min.device().is_cpu() &&
+                  scale_min.numel() == N * (K / G) * 2,
+              name, ": fp16 or fp32 CPU scale_min [N, K/G, 2] required");
+  return {codes.contiguous(), scale_min.contiguous(), N, K, G};
+}
 
 // (scale, min) of group g of a row as floats.
 template <typename P>

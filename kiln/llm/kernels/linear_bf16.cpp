@@ -135,29 +135,18 @@ void run_w4_bf16(const uint16_t* x, const uint8_t* codes, const P* scale_min, c1
 }
 
 // x bf16 [M, K] @ int4-group weights^T (scale_min fp16 or fp32 [N, K/G, 2]) -> bf16 [M, N].
-at::Tensor linear_w4_bf16(const at::Tensor& x_in, const at::Tensor& codes_in, const at::Tensor& scale_min_in,
+at::Tensor linear_w4_bf16(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scale_min,
                           int64_t group_size) {
-  TORCH_CHECK(codes_in.dim() == 2 && codes_in.scalar_type() == at::kByte && codes_in.device().is_cpu(),
-              "linear_w4_bf16: uint8 CPU codes [N, K/2] required");
-  const int64_t N = codes_in.size(0), K = codes_in.size(1) * 2;
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kBFloat16 && x_in.device().is_cpu(),
+  const kiln_int4::Weight w = kiln_int4::checked_weight(codes, scale_min, group_size, "linear_w4_bf16");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.K && x_in.scalar_type() == at::kBFloat16 && x_in.device().is_cpu(),
               "linear_w4_bf16: bf16 CPU x [M, K] required");
-  TORCH_CHECK(group_size > 0 && group_size % 32 == 0 && K % group_size == 0 && K % 64 == 0,
-              "linear_w4_bf16: group_size must be a multiple of 32 dividing K, and K a multiple of 64");
-  const at::Tensor x = x_in.contiguous(), codes = codes_in.contiguous(), scale_min = scale_min_in.contiguous();
-  const bool fp32 = scale_min.scalar_type() == at::kFloat;
-  TORCH_CHECK((fp32 || scale_min.scalar_type() == at::kHalf) && scale_min.numel() == N * (K / group_size) * 2,
-              "linear_w4_bf16: fp16 or fp32 scale_min [N, K/G, 2] required");
-  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty({x.size(0), w.N}, x.options());
   const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
-  auto* yb = y.mutable_data_ptr<c10::BFloat16>();
-  if (fp32)
-    run_w4_bf16(xb, codes.const_data_ptr<uint8_t>(), scale_min.const_data_ptr<float>(), yb, x.size(0), K, N,
-                group_size);
-  else
-    run_w4_bf16(xb, codes.const_data_ptr<uint8_t>(),
-                reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()), yb, x.size(0), K, N,
-                group_size);
+  w.with_params([&](const auto* params) {
+    run_w4_bf16(xb, w.codes.const_data_ptr<uint8_t>(), params, y.mutable_data_ptr<c10::BFloat16>(), x.size(0), w.K,
+                w.N, w.G);
+  });
   return y;
 }
 

@@ -275,22 +275,14 @@ void run_w4(const at::Tensor& x, const at::Tensor& codes, const P* scale_min, at
 }
 
 // x fp32 [M, K] @ int4-group weights (Int4Problem's layout)^T; scale_min fp16 or fp32.
-at::Tensor linear_w4(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scale_min_in,
+at::Tensor linear_w4(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scale_min,
                      int64_t group_size) {
-  const int64_t K = codes.size(1) * 2, N = codes.size(0);
-  check_operands(x_in, codes, K, at::kByte, "linear_w4");
-  TORCH_CHECK(group_size > 0 && group_size % 32 == 0 && K % group_size == 0 && K % 64 == 0,
-              "linear_w4: group_size must be a multiple of 32 dividing K, and K a multiple of 64");
-  const at::Tensor scale_min = scale_min_in.contiguous();
-  const bool fp32 = scale_min.scalar_type() == at::kFloat;
-  TORCH_CHECK((fp32 || scale_min.scalar_type() == at::kHalf) && scale_min.numel() == N * (K / group_size) * 2,
-              "linear_w4: fp16 or fp32 scale_min [N, K/G, 2] required");
+  const kiln_int4::Weight w = kiln_int4::checked_weight(codes, scale_min, group_size, "linear_w4");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.K, "linear_w4: shape mismatch");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(), "linear_w4: fp32 CPU x required");
   const at::Tensor x = x_in.contiguous();
-  at::Tensor y = at::empty({x.size(0), N}, x.options());
-  if (fp32)
-    run_w4(x, codes, scale_min.const_data_ptr<float>(), y, group_size);
-  else
-    run_w4(x, codes, reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()), y, group_size);
+  at::Tensor y = at::empty({x.size(0), w.N}, x.options());
+  w.with_params([&](const auto* params) { run_w4(x, w.codes, params, y, w.G); });
   return y;
 }
 

@@ -50,6 +50,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "int4_widen.h"
 #include "kernels.h"
 #include "linear_tiling.h"
 #include "simd.h"
@@ -232,26 +233,14 @@ void run(const at::Tensor& x, const at::Tensor& codes, const P* scale_min, at::T
 
 namespace kiln {
 // x fp32 [M, K] @ int4-group weights (Int4Problem's layout)^T, x quantized to int8 in groups of 32 (see above).
-at::Tensor linear_w4a8(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scale_min_in,
+at::Tensor linear_w4a8(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scale_min,
                        int64_t group_size) {
-  const int64_t K = codes.size(1) * 2, N = codes.size(0);
-  TORCH_CHECK(x_in.dim() == 2 && codes.dim() == 2 && x_in.size(1) == K, "linear_w4a8: shape mismatch");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && codes.scalar_type() == at::kByte,
-              "linear_w4a8: fp32 x and uint8 codes required");
-  TORCH_CHECK(codes.is_contiguous() && x_in.device().is_cpu() && codes.device().is_cpu(),
-              "linear_w4a8: contiguous CPU weight required");
-  TORCH_CHECK(group_size > 0 && group_size % 32 == 0 && K % group_size == 0 && K % 64 == 0,
-              "linear_w4a8: group_size must be a multiple of 32 dividing K, and K a multiple of 64");
-  const at::Tensor scale_min = scale_min_in.contiguous();
-  const bool fp32 = scale_min.scalar_type() == at::kFloat;
-  TORCH_CHECK((fp32 || scale_min.scalar_type() == at::kHalf) && scale_min.numel() == N * (K / group_size) * 2,
-              "linear_w4a8: fp16 or fp32 scale_min [N, K/G, 2] required");
+  const kiln_int4::Weight w = kiln_int4::checked_weight(codes, scale_min, group_size, "linear_w4a8");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.K, "linear_w4a8: shape mismatch");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(), "linear_w4a8: fp32 CPU x required");
   const at::Tensor x = x_in.contiguous();
-  at::Tensor y = at::empty({x.size(0), N}, x.options());
-  if (fp32)
-    kiln_w4a8::run(x, codes, scale_min.const_data_ptr<float>(), y, group_size);
-  else
-    kiln_w4a8::run(x, codes, reinterpret_cast<const uint16_t*>(scale_min.const_data_ptr<at::Half>()), y, group_size);
+  at::Tensor y = at::empty({x.size(0), w.N}, x.options());
+  w.with_params([&](const auto* params) { kiln_w4a8::run(x, w.codes, params, y, w.G); });
   return y;
 }
 }  // namespace kiln
