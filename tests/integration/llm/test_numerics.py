@@ -166,12 +166,14 @@ def test_bfloat16_answers_the_same_after_a_prefix_cache_hit(make_smollm2_engine,
         dtype="bfloat16", quantization=quantization, enable_prefix_caching=True, num_blocks=64
     )
     params = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2)
-    for chat, answer in ((FRANCE, "Paris"), (GERMANY, "Berlin")):
+    for chat in (FRANCE, GERMANY):
         ids = smollm2_tokenizer.apply_chat_template(chat)
         first, again = (llm.generate([ids], params)[0] for _ in range(2))
         # A prefix-cache hit on the repeat (the chats share their system-prompt block already).
         assert first.num_cached_tokens < len(ids) - 16 <= again.num_cached_tokens
-        if chat is GERMANY:  # the prompt is what it should be: no near-tie
-            margins = [lp.top[0][1] - lp.top[1][1] for lp in first.outputs[0].logprobs]
-            assert min(margins) >= CLEAR_MARGIN, margins
-        assert again.outputs[0].text == first.outputs[0].text and answer in first.outputs[0].text, chat
+        assert again.outputs[0].text == first.outputs[0].text, chat
+    # France's first token is a near-tie in bf16 ("Paris" on AVX512_BF16 dot products, "L'Étoile"
+    # from the AVX2 build's fp32 arithmetic on bf16 weights): the case the repeat must not flip.
+    # Germany is the check that the prompt is what it should be: no near-tie, the right answer.
+    margins = [lp.top[0][1] - lp.top[1][1] for lp in first.outputs[0].logprobs]
+    assert min(margins) >= CLEAR_MARGIN and "Berlin" in first.outputs[0].text, (margins, first.outputs[0].text)
