@@ -125,6 +125,7 @@ def test_moe_layers_fuse_attention_and_experts_bit_identically(mode, qk_norm, in
 @pytest.mark.parametrize(
     "arch,mode",
     [(GEMMA2_ARCH, "fp32"), (GEMMA2_ARCH, "int8"), (GEMMA2_ARCH, "int4"), (GEMMA2_ARCH, "bf16"),
+     (GEMMA2_ARCH, "int4-bf16"),  # a bf16 Gemma 2 keeping int4 projections: GeGLU and sandwich norms on widened rows
      (GEMMA3_ARCH, "fp32"), (GEMMA3_ARCH, "int4")],  # Gemma 3's q/k norms: fp32 models only
 )
 @pytest.mark.parametrize("batch", [1, 5, 20])
