@@ -45,6 +45,8 @@ MODES = {
     "default-floathead": dict(),
     # The same kept int4 projections under an explicit --dtype bfloat16 (bf16 activations and KV pool).
     "default-bf16": dict(dtype="bfloat16"),
+    # The same with --int4-activations int8 (linear_w4a8: llama.cpp's numerics for Q4 files).
+    "default-a8": dict(int4_activations="int8"),
     "int8": dict(dtype="float32", quantization="int8"),
     "int4": dict(dtype="float32", quantization="int4"),
     "int8-bf16": dict(dtype="bfloat16", quantization="int8"),

@@ -26,6 +26,7 @@ from kiln.llm.parallel.executor import ParallelRunner
 from kiln.llm.parallel.layout import check_splittable
 from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
 from kiln.llm.parallel.weights import DictReader, open_weights
+from kiln.llm.quant.int4_cpu import use_int8_activations
 from kiln.llm.quant.q8_0_head import Q8_0Weight
 from kiln.llm.runner.cuda_graphs import build_cuda_graphs
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
@@ -52,8 +53,14 @@ def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weigh
         config = dataclasses.replace(config, model=dataclasses.replace(
             config.model, dtype=choose_dtype("auto", config.model.device, None).dtype))
     m = config.model
-    return model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config),
-                        stored_head=stored_head)
+    model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config),
+                 stored_head=stored_head)
+    if m.int4_activations == "int8":
+        switched = use_int8_activations(model)
+        # The fused decode layer multiplies int4 by fp32 activations: the switched layers decode module by module.
+        model.fused_layers = model.gather_fused_layers()
+        log.info("int4 activations int8: %d int4 projections switched (of a %s model)", switched, m.dtype)
+    return model
 
 
 def resolve_dtype(config: EngineConfig, stored: torch.dtype | None, keeps_int4: bool = False) -> EngineConfig:

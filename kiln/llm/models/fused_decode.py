@@ -101,7 +101,7 @@ def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torc
     limit, BF16_PACKED_MIN_ROWS, is at most INT4_BF16_MIN_ROWS)."""
     if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
         return [module.weight], 0
-    if type(module) is Int4CpuLinear and dtype in (torch.float32, torch.bfloat16):
+    if type(module) is Int4CpuLinear and dtype in (torch.float32, torch.bfloat16) and not module.int8_activations:
         return [module.codes, module.scale_min], module.group_size
     if dtype != torch.float32:
         return None

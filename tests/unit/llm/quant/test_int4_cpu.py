@@ -260,3 +260,19 @@ def test_prefill_sized_inputs_take_the_widened_weight_row_independently(monkeypa
     assert widened == [rows, rows - 7]
     layer(x[: int4_cpu.INT4_DEQUANT_MIN_ROWS])
     assert widened == [rows, rows - 7]  # up to the limit: the int4 kernel
+
+
+@needs_kernels
+def test_int8_activations_switch_fp32_inputs_to_linear_w4a8():
+    layer = Int4CpuLinear.from_float(weight(40, 256), 32)
+    x = torch.randn(20, 256)
+    exact = layer(x)
+    assert int4_cpu.use_int8_activations(torch.nn.Sequential(layer, torch.nn.Linear(4, 4))) == 1
+    a8 = layer(x)
+    assert torch.equal(a8, ops.linear_w4a8(x, layer.codes, layer.scale_min, 32)) and not torch.equal(a8, exact)
+    assert (a8 - exact).abs().max() < 0.02 * exact.abs().max()  # groups of 32 quantized to 8 bits
+    # bf16 activations are not what the switch is for: their paths stay as they were.
+    layer.int8_activations = False
+    bf16_exact = layer(x[:4].bfloat16())
+    layer.int8_activations = True
+    assert torch.equal(layer(x[:4].bfloat16()), bf16_exact)
