@@ -57,7 +57,7 @@ def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weigh
                  stored_head=stored_head)
     if m.int4_activations == "int8":
         switched = use_int8_activations(model)
-        # The fused decode layer multiplies int4 by fp32 activations: the switched layers decode module by module.
+        # Gathered again: the fused decode layer's int4 projections now take int8 activations too.
         model.fused_layers = model.gather_fused_layers()
         log.info("int4 activations int8: %d int4 projections switched (of a %s model)", switched, m.dtype)
     return model

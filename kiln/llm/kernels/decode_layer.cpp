@@ -58,6 +58,8 @@ at::Tensor project(const at::Tensor& x, at::TensorList w, int64_t group_size) {
   if (w.size() == 1) return w[0].scalar_type() == at::kBFloat16 ? kiln::linear_bf16(x, w[0]) : kiln::linear_f32(x, w[0]);
   TORCH_CHECK(w.size() == 2, "decode_layer: a projection is [w], [w, scales] or [codes, scale_min]");
   if (w[0].scalar_type() == at::kChar) return kiln::linear_w8(x, w[0], w[1]);
+  // group_size < 0: an fp32 model under --int4-activations int8 (groups of -group_size), as Int4CpuLinear.
+  if (group_size < 0) return kiln::linear_w4a8(x, w[0], w[1], -group_size);
   // A bf16 model's int4 projection: the fp32 kernel on x widened, rounded once, as
   // Int4CpuLinear computes the few rows a decode-only step has (<= INT4_BF16_MIN_ROWS).
   if (x.scalar_type() != at::kFloat) return kiln::linear_w4(x.to(at::kFloat), w[0], w[1], group_size).to(x.scalar_type());

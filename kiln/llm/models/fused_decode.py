@@ -55,7 +55,7 @@ class FusedLayer:
     down: list[torch.Tensor]
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    group_size: int  # of the int4 projections (0: none)
+    group_size: int  # of the int4 projections (0: none; negative: int8 activations, --int4-activations int8)
     qkv_bias: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
@@ -94,15 +94,16 @@ def supported(arch: ModelArch, embed_tokens: torch.Tensor) -> bool:
 
 
 def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], int] | None:
-    """(tensors the kernel takes, int4 group size or 0) for a model of
+    """(tensors the kernel takes, int4 group size or 0, negated for int8 activations) for a model of
     `dtype`, or None. The quantized kernels take fp32 activations; a bf16
     model's int4 projections widen their rows to fp32 and round the result, as
     Int4CpuLinear does at decode sizes (invariant: the fused layer's bf16 row
     limit, BF16_PACKED_MIN_ROWS, is at most INT4_BF16_MIN_ROWS)."""
     if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
         return [module.weight], 0
-    if type(module) is Int4CpuLinear and dtype in (torch.float32, torch.bfloat16) and not module.int8_activations:
-        return [module.codes, module.scale_min], module.group_size
+    if type(module) is Int4CpuLinear and dtype in (torch.float32, torch.bfloat16):
+        int8_activations = module.int8_activations and dtype == torch.float32  # the kernel: linear_w4a8
+        return [module.codes, module.scale_min], -module.group_size if int8_activations else module.group_size
     if dtype != torch.float32:
         return None
     if type(module) is Int8Linear:

@@ -35,13 +35,14 @@ def test_batch_and_prefix_cache_do_not_change_greedy_tokens(make_smollm2_engine,
 
 def test_int8_activations_are_an_opt_in_that_keeps_answers_batch_independent(make_smollm2_engine, prompts):
     """`--int4-activations int8`: the kept Q4_1 projections quantize their inputs (llama.cpp's numerics);
-    decode steps leave the fused layer (it takes fp32 activations) and still do not depend on the batch."""
+    the fused decode layer takes them too, and answers still do not depend on the batch."""
     from kiln.llm.quant.int4_cpu import Int4CpuLinear
 
     llm = make_smollm2_engine(int4_activations="int8", enable_prefix_caching=False)
     model = llm.engine.core.runner.model
     int4 = [m for m in model.modules() if isinstance(m, Int4CpuLinear)]
-    assert int4 and all(m.int8_activations for m in int4) and model.fused_layers is None
+    assert int4 and all(m.int8_activations for m in int4)
+    assert model.fused_layers and {f.group_size for f in model.fused_layers} == {-int4[0].group_size}
     alone = [llm.generate([p], PARAMS)[0].outputs[0].token_ids for p in prompts[:3]]
     together = [o.outputs[0].token_ids for o in llm.generate(prompts[:3], PARAMS)]
     assert together == alone

@@ -21,6 +21,7 @@ from kiln.llm.models.arch import LlamaArch, MoEShape
 from kiln.llm.models.gemma import GemmaModel
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.moe import SparseMoeBlock
+from kiln.llm.quant.int4_cpu import use_int8_activations
 from kiln.llm.runner.inputs import decode_group
 
 pytestmark = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
@@ -52,9 +53,13 @@ def model_in(mode: str, arch: LlamaArch = ARCH) -> LlamaModel:
     for name, p in model.named_parameters():
         norm = "layernorm" in name or name == "norm.weight" or name.endswith("_norm.weight")
         p.data.normal_(1.0, 0.1) if norm else p.data.normal_(0, 0.05)
-    quantization = {"fp32": None, "bf16": None, "int8": "int8", "int4": "int4", "int4-bf16": "int4"}[mode]
+    quantization = {"fp32": None, "bf16": None, "int8": "int8"}.get(mode, "int4")  # int4, int4-bf16, int4-a8
     dtype = torch.bfloat16 if mode in ("bf16", "int4-bf16") else torch.float32
-    return model.finish(torch.device("cpu"), dtype, quantization, group_size=32)
+    model.finish(torch.device("cpu"), dtype, quantization, group_size=32)
+    if mode == "int4-a8":  # --int4-activations int8, as the engine builder switches it
+        use_int8_activations(model)
+        model.fused_layers = model.gather_fused_layers()
+    return model
 
 
 def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
@@ -93,7 +98,8 @@ def assert_fused_step_is_the_module_path(model: LlamaModel, batch: int, pool_dty
     [("fp32", torch.float32), ("int8", torch.float32), ("int4", torch.float32),
      ("fp32", torch.float16), ("int4", torch.bfloat16),  # 16-bit KV pools (kv_cache_dtype)
      ("bf16", torch.bfloat16), ("bf16", torch.float32),  # a bf16 model: its own pool dtype, or fp32
-     ("int4-bf16", torch.bfloat16)],  # a bf16 model keeping int4 projections (a GGUF's under --dtype bfloat16)
+     ("int4-bf16", torch.bfloat16),  # a bf16 model keeping int4 projections (a GGUF's under --dtype bfloat16)
+     ("int4-a8", torch.float32)],  # int4 projections on int8 activations (--int4-activations int8)
 )
 @pytest.mark.parametrize("batch", [1, 5, 20])  # 20 rows: two decode groups
 def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch):
@@ -106,7 +112,7 @@ def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch)
     "mode,qk_norm,inter",
     [("fp32", False, 128), ("int8", False, 128), ("int4", False, 128), ("bf16", False, 128),  # Mixtral's layer
      ("fp32", True, 128), ("int8", True, 128),  # Qwen3-MoE's (q/k norms: fp32 models only)
-     ("int4-bf16", False, 128),
+     ("int4-bf16", False, 128), ("int4-a8", False, 128),
      ("int4", False, 96)],  # experts' down_proj K=96 is no multiple of 64: not the kernel's int4, the block runs as is
 )
 @pytest.mark.parametrize("batch", [1, 5, 20])  # 1: the MoE block's one-token path; 20: two decode groups
