@@ -82,6 +82,10 @@ class ModelConfig:
             )
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", param="dtype")
+        if self.int4_activations not in ("float", "int8"):
+            raise ConfigError(
+                f"int4_activations must be float or int8, got {self.int4_activations!r}", param="int4_activations"
+            )
         if self.device.split(":")[0] not in DEVICES:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}", param="device")
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -273,6 +277,15 @@ class EngineConfig:
         if self.parallel.world_size > 1 and self.model.quantization in ("int8", "int4"):
             raise ConfigError(
                 "quantization is not supported with tensor or pipeline parallelism yet", param="quantization"
+            )
+        if self.model.int4_activations == "int8" and (
+            self.parallel.world_size > 1 or self.model.device != "cpu" or self.model.dtype not in ("auto", "float32")
+        ):
+            raise ConfigError(
+                "int4_activations int8 applies to float32 models on one CPU process (Kiln's linear_w4a8 kernel); "
+                f"got dtype {self.model.dtype}, device {self.model.device}, "
+                f"{self.parallel.world_size} parallel rank(s)",
+                param="int4_activations",
             )
 
     @classmethod

@@ -59,7 +59,10 @@ def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weigh
         switched = use_int8_activations(model)
         # Gathered again: the fused decode layer's int4 projections now take int8 activations too.
         model.fused_layers = model.gather_fused_layers()
-        log.info("int4 activations int8: %d int4 projections switched (of a %s model)", switched, m.dtype)
+        if m.dtype == "float32":
+            log.info("int4 activations int8: %d int4 projections switched", switched)
+        else:  # `auto` chose a 16-bit dtype (a float checkpoint quantized at load on a bf16 CPU)
+            log.warning("int4 activations int8 applies to float32 models; this %s model keeps its own", m.dtype)
     return model
 
 

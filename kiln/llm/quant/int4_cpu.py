@@ -29,7 +29,8 @@ rows: Kiln's bf16 kernel on weight tiles widened as it goes
 GEMM on the whole weight widened in memory; 1.3-2.2x the fp32 paths from 9
 rows on Zen 4 (kiln/llm/kernels/tuning.py). (`linear_w4a8` quantizes the
 activations to int8 instead: faster, SmolLM2's perplexity 0.4-0.7% higher;
-not the default, see linear_f32.cpp.) Where the kernel does not apply
+not the default, see linear_f32.cpp; the opt-in `--int4-activations int8`
+switches an fp32 model's int4 Linears to it, use_int8_activations.) Where the kernel does not apply
 (library absent, another device) forward dequantizes and runs F.linear, so
 results agree within float rounding.
 """

@@ -115,6 +115,19 @@ def test_float_is_a_mode_and_only_int8_int4_refuse_parallelism():
         assert info.value.param == "quantization"
 
 
+def test_int8_activations_outside_float32_cpu_single_process_are_config_errors():
+    from kiln.config import EngineConfig
+
+    for options in ({"dtype": "bfloat16"}, {"device": "cuda"}, {"tensor_parallel_size": 2}):
+        with pytest.raises(ConfigError, match="int4_activations int8 applies to float32 models") as info:
+            EngineConfig.from_flat(int4_activations="int8", **options)
+        assert info.value.param == "int4_activations"
+    assert EngineConfig.from_flat(int4_activations="int8").model.int4_activations == "int8"
+    with pytest.raises(ConfigError) as info:
+        EngineConfig.from_flat(int4_activations="int4")
+    assert info.value.param == "int4_activations"
+
+
 def test_bad_group_size_is_a_config_error():
     with pytest.raises(ConfigError) as info:
         ModelConfig(quantization="int4", quant_group_size=48)
