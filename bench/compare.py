@@ -196,8 +196,10 @@ def kiln_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
         kv_cache_memory_gib=args.kv_gib,
         kv_cache_dtype=args.kiln_kv_cache_dtype,
         quantization=None if args.kiln_quantization == "stored" else args.kiln_quantization,
+        int4_activations=args.kiln_int4_activations,
     )
-    res: dict = {"engine": "kiln", "dtype": dtype, "quantization": args.kiln_quantization}
+    res: dict = {"engine": "kiln", "dtype": dtype, "quantization": args.kiln_quantization,
+                 "int4_activations": args.kiln_int4_activations}
     res["engine_start_s"] = time.perf_counter() - t0
     items = wl["items"]
 
@@ -450,6 +452,8 @@ def make_server(args, name: str, dtype: str, out_dir: Path) -> Server:
             "--kv-cache-dtype",
             args.kiln_kv_cache_dtype,
             *([] if args.kiln_quantization == "stored" else ["--quantization", args.kiln_quantization]),
+            "--int4-activations",
+            args.kiln_int4_activations,
         ]
         if not args.prefix_caching:
             cmd.append("--no-enable-prefix-caching")
@@ -809,6 +813,10 @@ def parse_args() -> argparse.Namespace:
         help="Kiln's weights: float (default: the GGUF dequantized, the same weights as vLLM's HF export), "
         "stored (the GGUF's Q4_1 projections kept as int4: `kiln serve` without --quantization), or int8/int4 "
         "(Kiln's own weight-only quantization of the float weights)",
+    )
+    ap.add_argument(
+        "--kiln-int4-activations", default="float", choices=["float", "int8"],
+        help="Kiln's --int4-activations (int8: llama.cpp's numerics for the kept int4 projections)",
     )
     ap.add_argument("--vllm-enforce-eager", action="store_true", help="vLLM without torch.compile (faster start)")
     ap.add_argument("--no-preload", action="store_true", help="no tcmalloc/iomp LD_PRELOAD for vLLM")
