@@ -26,7 +26,7 @@ from kiln.llm.parallel.executor import ParallelRunner
 from kiln.llm.parallel.layout import check_splittable
 from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
 from kiln.llm.parallel.weights import DictReader, open_weights
-from kiln.llm.quant.int4_cpu import use_int8_activations
+from kiln.llm.quant.int8_activations import use_int8_activations
 from kiln.llm.quant.q8_0_head import Q8_0Weight
 from kiln.llm.runner.cuda_graphs import build_cuda_graphs
 from kiln.llm.runner.model_runner import DTYPES, ModelRunner, kv_bytes_per_block, kv_dtype
@@ -60,7 +60,7 @@ def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weigh
         # Gathered again: the fused decode layer's int4 projections now take int8 activations too.
         model.fused_layers = model.gather_fused_layers()
         if m.dtype == "float32":
-            log.info("int4 activations int8: %d int4 projections switched", switched)
+            log.info("int4 activations int8: %d int4 projections and Q8_0 heads switched", switched)
         else:  # `auto` chose a 16-bit dtype (a float checkpoint quantized at load on a bf16 CPU)
             log.warning("int4 activations int8 applies to float32 models; this %s model keeps its own", m.dtype)
     return model

@@ -4,6 +4,9 @@
 // which computes y[m .. m+MR, n .. n+NR], plus its tile shape:
 //   P::kWideRows, P::kWideCols   the register block for M > kNarrowMaxRows
 //   P::kSingleRowCols            weight rows per pass for M = 1
+//   P::kNarrowCols (optional)    weight rows per pass for 1 < M <= 8, where a
+//                                problem's micro-kernel works on a fixed
+//                                number of them (else narrow_cols(M))
 //   row_bytes(), x_row_bytes()   bytes of one weight row and one x row
 // Kernels<P>::run tiles and threads any of them the same way. Every output
 // must be computed by micro-kernels as the same chain of operations whatever
@@ -42,6 +45,14 @@ constexpr int64_t kWeightTileBytes = 64 * 1024, kRowBlockBytes = 256 * 1024;
 constexpr int narrow_cols(int m) { return m == 2 ? 4 : m == 3 ? 3 : m <= 6 ? 2 : 1; }
 
 template <typename P>
+constexpr int narrow_cols_of(int m) {
+  if constexpr (requires { P::kNarrowCols; })
+    return P::kNarrowCols;
+  else
+    return narrow_cols(m);
+}
+
+template <typename P>
 struct Kernels {
   using Fn = void (*)(const P&, int64_t, int64_t);
   static constexpr int WR = P::kWideRows, WC = P::kWideCols, SC = P::kSingleRowCols;
@@ -50,10 +61,10 @@ struct Kernels {
   static void call(const P& p, int64_t m, int64_t n) {
     p.template micro<MR, NR>(m, n);
   }
-  // narrow[m - 1]: m rows against narrow_cols(m) w rows; narrow_tail[m - 1]: against one (the last
-  // N % narrow_cols(m) rows). wide[(m - 1) * WC + n - 1]: m <= WR rows by n <= WC w rows.
+  // narrow[m - 1]: m rows against narrow_cols_of<P>(m) w rows; narrow_tail[m - 1]: against one (the
+  // last N % those rows). wide[(m - 1) * WC + n - 1]: m <= WR rows by n <= WC w rows.
   static constexpr std::array<Fn, kNarrowMaxRows> narrow = []<int... I>(std::integer_sequence<int, I...>) {
-    return std::array<Fn, kNarrowMaxRows>{call<I + 1, narrow_cols(I + 1)>...};
+    return std::array<Fn, kNarrowMaxRows>{call<I + 1, narrow_cols_of<P>(I + 1)>...};
   }(std::make_integer_sequence<int, kNarrowMaxRows>{});
   static constexpr std::array<Fn, kNarrowMaxRows> narrow_tail = []<int... I>(std::integer_sequence<int, I...>) {
     return std::array<Fn, kNarrowMaxRows>{call<I + 1, 1>...};
@@ -71,7 +82,7 @@ struct Kernels {
       return;
     }
     if (m1 - m0 <= kNarrowMaxRows) {
-      const int64_t rows = m1 - m0, cols = narrow_cols(static_cast<int>(rows));
+      const int64_t rows = m1 - m0, cols = narrow_cols_of<P>(static_cast<int>(rows));
       int64_t n = n0;
       for (; n + cols <= n1; n += cols) narrow[rows - 1](p, m0, n);
       for (; n < n1; ++n) narrow_tail[rows - 1](p, m0, n);

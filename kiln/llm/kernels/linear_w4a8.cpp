@@ -4,10 +4,10 @@
 // 32-bit words, word j holding weight 8s + j in bits 4s .. 4s+3; scale_min
 // [N, K/G, 2] fp16 or fp32, w = q * scale + min).
 //
-// x is quantized once per call, per row in groups of 32 along K as
-// linear_int8_vnni.cpp does: sx = max|x| / 127 (1 for a zero group),
-// xq = round(x / sx), half to even. Then per group of 32 (which lies in one
-// weight group, G being a multiple of 32):
+// x is quantized once per call, per row in groups of 32 along K
+// (quantize_x8.h, as linear_int8_vnni.cpp does): sx = max|x| / 127 (1 for
+// a zero group), xq = round(x / sx), half to even. Then per group of 32
+// (which lies in one weight group, G being a multiple of 32):
 //
 //   sum(w * x) ~= scale * sx * sum(q * xq) + min * sx * sum(xq)
 //
@@ -32,13 +32,14 @@
 // 2, 3 (and 6, 7) to the second. x is stored in the matching byte order, so
 // the inner loop multiplies registers as loaded.
 //
-// Per run and output: those eight int32 lanes are converted to fp32,
-// multiplied by (scale x sx) of their lanes' group and added into an fp32
-// accumulator, then min * sx * sum(xq) of each group is added (one lane
-// per group); at the end the eight lanes are summed in a fixed order. Every
-// micro-kernel shape computes an output by that same chain, and x's
-// quantization depends only on its row, so a row's result does not depend
-// on M or on the other rows (batch invariance).
+// Per run and output: those lanes are summed per group in int32 (exact),
+// and each group's sum is converted to fp32, multiplied by (scale x sx) and
+// added into that group's fp32 chain, then min * sx * sum(xq) is added; at
+// the end the output is its two chains' sum (W4A8Problem: four weight rows'
+// groups share one vector, so the fp32 work is one op per run for four
+// outputs). Every micro-kernel shape computes an output by that same chain,
+// and x's quantization depends only on its row, so a row's result does not
+// depend on M or on the other rows (batch invariance).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -53,13 +54,15 @@
 #include "int4_widen.h"
 #include "kernels.h"
 #include "linear_tiling.h"
-#include "simd.h"
+#include "quantize_x8.h"
 
 namespace kiln_w4a8 {
 namespace {
 
 constexpr int64_t kRun = 64;    // weights per 32 bytes of codes
-constexpr int64_t kGroup = 32;  // x values per scale
+using kiln_x8::kGroup;  // x values per scale
+using kiln_x8::Group;
+using kiln_x8::quantize_group;
 
 // Code bytes within a 128-bit lane, first group's first: local bytes
 // 4j + 0 and 4j + 1 (weights of the first 32) to positions 0..7.
@@ -68,8 +71,8 @@ constexpr std::array<int8_t, 16> kGroupFirst = {0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 
 // One run of one x row as the micro-kernel reads it (128 bytes).
 struct QuantizedRun {
   int8_t q[2 * 32];  // [0, 32): partners of the shuffled codes' low nibbles; [32, 64): of the high ones
-  float scale[8];    // sx of the group of each int32 lane: (a, a, b, b, a, a, b, b)
-  float sum[8];      // sx * sum(xq) per group, one lane each: (a, 0, b, 0, 0, 0, 0, 0)
+  float scale[8];    // sx of each group, in the lane order of W4A8Problem's sums: (a, b, a, b, a, b, a, b)
+  float sum[8];      // sx * sum(xq) of each group, likewise
 };
 static_assert(sizeof(QuantizedRun) == 128);
 
@@ -85,39 +88,13 @@ constexpr std::array<int8_t, 64> kSourceOf = [] {
   return src;
 }();
 
-struct Group {
-  float scale, sum;  // sx, and sx * sum(xq): the sum of x as quantized
-};
-
-// One group of 32 x values -> round(x / sx) into q[0..32) (natural order), sx and sx * sum(xq).
-Group quantize_group(const float* x, int32_t* q) {
-  __m256 v[4], amax = _mm256_setzero_ps();
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(x + 8 * i);
-    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-  }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, amax);
-  float m = 0.0f;
-  for (float a : lanes) m = std::max(m, a);
-  // |x * inv| <= 127 (up to rounding of inv, never to 127.5): the codes fit int8.
-  const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-  for (int i = 0; i < 4; ++i)  // cvtps rounds to nearest even (MXCSR default), as torch.round
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)));
-  int32_t qsum = 0;
-  for (int i = 0; i < 32; ++i) qsum += q[i];
-  const float sx = m > 0.0f ? m / 127.0f : 1.0f;
-  return {sx, sx * static_cast<float>(qsum)};
-}
-
 QuantizedRun quantize_run(const float* x) {
   int32_t q[kRun];
   const Group a = quantize_group(x, q), b = quantize_group(x + kGroup, q + kGroup);
   QuantizedRun out;
   for (int p = 0; p < 64; ++p) out.q[p] = static_cast<int8_t>(q[kSourceOf[p]]);
-  const float scale[8] = {a.scale, a.scale, b.scale, b.scale, a.scale, a.scale, b.scale, b.scale};
-  const float sum[8] = {a.sum, 0.0f, b.sum, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  const float scale[8] = {a.scale, b.scale, a.scale, b.scale, a.scale, b.scale, a.scale, b.scale};
+  const float sum[8] = {a.sum, b.sum, a.sum, b.sum, a.sum, b.sum, a.sum, b.sum};
   std::memcpy(out.scale, scale, sizeof scale);
   std::memcpy(out.sum, sum, sizeof sum);
   return out;
@@ -131,29 +108,47 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantizedRun* out) {
   });
 }
 
-// One run of one weight row, ready for every x row.
-struct WeightRun {
-  __m256i lo, hi;     // codes 0..15 per byte, shuffled (kGroupFirst)
-  __m256 scale, min;  // of each int32 lane's group: (a, a, b, b, a, a, b, b)
-};
-
-// (scale, min) of groups ga and gb of one row as (scale a, min a, scale b, min b).
+// (scale, min) of groups ga and gb of weight rows i and j: (sa, ma, sb, mb) of i, then of j.
 template <typename P>
-__m128 params(const P* row, int64_t ga, int64_t gb) {
+__m256 params(const P* row_i, const P* row_j, int64_t ga, int64_t gb) {
   if constexpr (std::is_same_v<P, float>) {
-    const __m128d a = _mm_load_sd(reinterpret_cast<const double*>(row + 2 * ga));
-    return _mm_castpd_ps(_mm_loadh_pd(a, reinterpret_cast<const double*>(row + 2 * gb)));
+    const auto pair = [&](const float* row) {
+      const __m128d a = _mm_load_sd(reinterpret_cast<const double*>(row + 2 * ga));
+      return _mm_castpd_ps(_mm_loadh_pd(a, reinterpret_cast<const double*>(row + 2 * gb)));
+    };
+    return _mm256_set_m128(pair(row_j), pair(row_i));
+  } else if (gb == ga + 1) {  // groups of 32: a row's four values are adjacent
+    const auto four = [&](const P* row) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 2 * ga)); };
+    return _mm256_cvtph_ps(_mm_unpacklo_epi64(four(row_i), four(row_j)));
   } else {
-    int32_t a, b;
-    std::memcpy(&a, row + 2 * ga, 4);
-    std::memcpy(&b, row + 2 * gb, 4);
-    return _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(a), b, 1));
+    const auto word = [](const P* at) {  // one (scale, min) fp16 pair
+      int32_t v;
+      std::memcpy(&v, at, 4);
+      return v;
+    };
+    return _mm256_cvtph_ps(
+        _mm_setr_epi32(word(row_i + 2 * ga), word(row_i + 2 * gb), word(row_j + 2 * ga), word(row_j + 2 * gb)));
   }
 }
 
+// The micro-kernels take weight rows four at a time (a quad), so that the
+// fp32 work per run is shared: the four rows' integer dot products, each
+// eight int32 lanes (lanes 0, 1, 4, 5 of group a, the rest of group b), are
+// summed per group into one vector (exact: integer adds), lanes ordered
+// (r0 a, r0 b, r2 a, r2 b | r1 a, r1 b, r3 a, r3 b), then converted, scaled
+// and accumulated lane-wise. Per output that is two fp32 chains, one over its
+// runs' first groups and one over their second:
+//
+//   acc = fma(float(dot), scale * sx, acc); acc = fma(min, sx * sum(xq), acc)
+//
+// and y = chain a + chain b at the end. Lane-wise operations round each lane
+// alike wherever it sits, so every shape (one to four rows of the quad used,
+// any number of x rows) gives an output the same bits. A quad missing rows
+// (N % 4, narrow tails) repeats its last row and drops those outputs.
 template <typename P>
 struct W4A8Problem {
-  static constexpr int kWideRows = 4, kWideCols = 3, kSingleRowCols = 4;
+  static constexpr int kQuad = 4;
+  static constexpr int kWideRows = 4, kWideCols = kQuad, kSingleRowCols = kQuad, kNarrowCols = kQuad;
   const QuantizedRun* x;        // [M, K / 64]
   const uint8_t* codes;         // [N, K / 2]
   const P* scale_min;           // [N, K / G, 2]
@@ -164,54 +159,75 @@ struct W4A8Problem {
   int64_t row_bytes() const { return K / 2; }
   int64_t x_row_bytes() const { return K / kRun * static_cast<int64_t>(sizeof(QuantizedRun)); }
 
-  // One run of a weight row: its 32 bytes of codes and (scale, min) of its two halves' groups.
-  static WeightRun weights(const uint8_t* run, const P* params_row, int64_t ga, int64_t gb) {
-    const __m256i order =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kGroupFirst.data())));
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const __m256i packed = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(run)), order);
-    const __m128 f = params(params_row, ga, gb);
-    const __m256 f2 = _mm256_set_m128(f, f);
-    return {_mm256_and_si256(packed, low4), _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4),
-            _mm256_permute_ps(f2, 0b10100000), _mm256_permute_ps(f2, 0b11110101)};
+  // The dot products of one run of a weight row (codes shuffled by kGroupFirst, lo / hi nibbles)
+  // with one run of x, as int16 sums of four products: lanes 0-3 of each 128-bit half of group a,
+  // 4-7 of group b. vpmaddubsw saturates each sum of two products to int16; here
+  // |q * xq| <= 15 * 127, so a pair is at most 3810 and the low + high sum 7620: exact.
+  static __m256i dot(__m256i lo, __m256i hi, const QuantizedRun& xr) {
+    const __m256i l = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr.q)));
+    const __m256i h = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr.q + 32)));
+    return _mm256_add_epi16(l, h);
   }
 
-  // acc + this run's contribution to one output.
-  static __m256 step(const WeightRun& w, const QuantizedRun& xr, __m256 acc) {
-    // vpmaddubsw saturates each sum of two products to int16; here
-    // |q * xq| <= 15 * 127, so a pair is at most 3810 and the low + high sum
-    // 7620: it never saturates, and vpmaddwd's int32 sums are exact.
-    const __m256i lo = _mm256_maddubs_epi16(w.lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr.q)));
-    const __m256i hi = _mm256_maddubs_epi16(w.hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr.q + 32)));
-    const __m256i dot = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), _mm256_set1_epi16(1));
-    const __m256 scale = _mm256_mul_ps(w.scale, _mm256_loadu_ps(xr.scale));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc);
-    return _mm256_fmadd_ps(w.min, _mm256_loadu_ps(xr.sum), acc);
+  // Four rows' dot products -> per group int32 sums, lanes (r0 a, r0 b, r2 a, r2 b | r1 a, r1 b, r3 a,
+  // r3 b). Two rounds of pairwise int16 adds stay exact (at most 4 x 7620 = 30480 < 2^15), and
+  // leave each group's sum split between the two 128-bit halves, added in int32. (No vpmaddwd:
+  // on Zen 1 it shares the one integer multiply pipe with vpmaddubsw, the kernel's bottleneck.)
+  static __m256i per_group(const __m256i d[kQuad]) {
+    const __m256i t = _mm256_hadd_epi16(_mm256_hadd_epi16(d[0], d[2]), _mm256_hadd_epi16(d[1], d[3]));
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(t)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(t, 1)));
   }
 
   template <int MR, int NR>
   void micro(int64_t m0, int64_t n0) const {
+    static_assert(NR <= kQuad);
     const int64_t runs = K / kRun, stride = K / 2, groups = K / G;
     const QuantizedRun* __restrict xr = x + m0 * runs;
-    const uint8_t* __restrict wr = codes + n0 * stride;
-    const P* __restrict pr = scale_min + n0 * groups * 2;
-    __m256 acc[MR][NR];
-    for (int m = 0; m < MR; ++m)
-      for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
+    const uint8_t* row[kQuad];
+    const P* prm[kQuad];
+    for (int s = 0; s < kQuad; ++s) {
+      const int64_t n = n0 + std::min(s, NR - 1);  // a missing row repeats the last one
+      row[s] = codes + n * stride;
+      prm[s] = scale_min + n * groups * 2;
+    }
+    const __m256i order =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kGroupFirst.data())));
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t r = 0; r < runs; ++r) {
-      const uint8_t* run = wr + r * (kRun / 2);
+      const int64_t off = r * (kRun / 2);
       if (r % 2 == 0)  // one cache line of each of the next rows (see linear_f32.cpp's DenseProblem)
-        for (int n = 0; n < NR; ++n)
-          _mm_prefetch(reinterpret_cast<const char*>(run + (kiln_linear::kPrefetchPasses * NR + n) * stride),
+        for (int s = 0; s < NR; ++s)
+          _mm_prefetch(reinterpret_cast<const char*>(row[s] + off + kiln_linear::kPrefetchPasses * NR * stride),
                        _MM_HINT_T0);
       const int64_t ga = group_of_half[2 * r], gb = group_of_half[2 * r + 1];
-      for (int n = 0; n < NR; ++n) {
-        const WeightRun w = weights(run + n * stride, pr + n * groups * 2, ga, gb);
-        for (int m = 0; m < MR; ++m) acc[m][n] = step(w, xr[m * runs + r], acc[m][n]);
+      const __m256 p01 = params(prm[0], prm[1], ga, gb), p23 = params(prm[2], prm[3], ga, gb);
+      const __m256 scale = _mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(2, 0, 2, 0));
+      const __m256 min = _mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(3, 1, 3, 1));
+      __m256i lo[kQuad], hi[kQuad];
+      for (int s = 0; s < kQuad; ++s) {
+        const __m256i packed =
+            _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[s] + off)), order);
+        lo[s] = _mm256_and_si256(packed, low4);
+        hi[s] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const QuantizedRun& xm = xr[m * runs + r];
+        __m256i d[kQuad];
+        for (int s = 0; s < kQuad; ++s) d[s] = dot(lo[s], hi[s], xm);
+        const __m256 sums = _mm256_cvtepi32_ps(per_group(d));
+        acc[m] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_loadu_ps(xm.scale)), acc[m]);
+        acc[m] = _mm256_fmadd_ps(min, _mm256_loadu_ps(xm.sum), acc[m]);
       }
     }
-    for (int m = 0; m < MR; ++m)
-      for (int n = 0; n < NR; ++n) y[(m0 + m) * N + n0 + n] = kiln_simd::hsum(acc[m][n]);
+    constexpr int kLane[kQuad] = {0, 4, 2, 6};  // quad row s -> its group a lane (group b: the next)
+    for (int m = 0; m < MR; ++m) {
+      float lanes[8];
+      _mm256_storeu_ps(lanes, acc[m]);
+      for (int s = 0; s < NR; ++s) y[(m0 + m) * N + n0 + s] = lanes[kLane[s]] + lanes[kLane[s] + 1];
+    }
   }
 };
 

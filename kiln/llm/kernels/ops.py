@@ -167,6 +167,15 @@ def linear_q8_0(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> t
     return torch.ops.kiln.linear_q8_0(x, codes, scales)
 
 
+def linear_q8_0a8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """linear_q8_0 with x quantized per row to int8 in the weight's blocks of 32 and integer
+    dot products (linear_q8_0a8.cpp: llama.cpp's numerics for a Q8_0 tensor), at any row
+    count, or None when it does not apply (not fp32 CPU, library absent)."""
+    if not _weight_only_applies(x, codes, torch.int8, scales, torch.float32):
+        return None
+    return torch.ops.kiln.linear_q8_0a8(x, codes, scales)
+
+
 def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor | None:
     """x [M, K] fp32 @ int4-group weights^T (codes uint8 [N, K/2], scale_min
     fp16 or fp32 [N, K/G, 2]; layout in linear_f32.cpp's Int4Problem) with

@@ -30,9 +30,9 @@ GEMM on the whole weight widened in memory; 1.3-2.2x the fp32 paths from 9
 rows on Zen 4 (kiln/llm/kernels/tuning.py). (`linear_w4a8` quantizes the
 activations to int8 instead: faster, SmolLM2's perplexity 0.4-0.7% higher;
 not the default, see linear_f32.cpp; the opt-in `--int4-activations int8`
-switches an fp32 model's int4 Linears to it, use_int8_activations.) Where the kernel does not apply
-(library absent, another device) forward dequantizes and runs F.linear, so
-results agree within float rounding.
+switches an fp32 model's int4 Linears to it: quant/int8_activations.py.)
+Where the kernel does not apply (library absent, another device) forward
+dequantizes and runs F.linear, so results agree within float rounding.
 """
 from __future__ import annotations
 
@@ -98,16 +98,6 @@ def unpack_codes(codes: torch.Tensor) -> torch.Tensor:
     return ((words >> (4 * torch.arange(8)).view(1, 1, 8, 1)) & 0x0F).to(torch.int32).reshape(n, half_k * 2)
 
 
-def use_int8_activations(model: torch.nn.Module) -> int:
-    """Make every Int4CpuLinear of `model` quantize fp32 inputs to int8 before
-    multiplying (linear_w4a8: llama.cpp's numerics for Q4 files, ~2x the fp32
-    kernel's rate at one row on AVX2); returns how many it switched."""
-    layers = [m for m in model.modules() if isinstance(m, Int4CpuLinear)]
-    for layer in layers:
-        layer.int8_activations = True
-    return len(layers)
-
-
 class Int4CpuLinear(QuantizedLinear):
     _kernel_buffers = ("scale_min",)
     codes: torch.Tensor  # uint8 [N, K/2]
@@ -117,7 +107,7 @@ class Int4CpuLinear(QuantizedLinear):
         super().__init__()
         self.out_features, self.in_features = codes.shape[0], codes.shape[1] * 2
         self.group_size = group_size
-        # Inputs of fp32 models go through linear_w4a8 (`--int4-activations int8`, use_int8_activations).
+        # Inputs of fp32 models go through linear_w4a8 (`--int4-activations int8`, quant/int8_activations.py).
         self.int8_activations = False
         self.register_buffer("codes", codes.contiguous())
         self.register_buffer("scale_min", scale_min.contiguous())

@@ -10,6 +10,10 @@ float head's. So the head takes the kernel exactly where the float head would
 take linear_f32 (fp32 CPU activations, up to LINEAR_MAX_ROWS rows, the
 packed oneDNN copy not chosen), and the float path everywhere else: no step
 of any size computes other logits than before.
+
+With `--int4-activations int8` (quant/int8_activations.py) the head multiplies
+int8 activations instead, `linear_q8_0a8` at every row count (llama.cpp's
+Q8_0 x Q8_0 numerics; no longer the float head's bits).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from kiln.llm.kernels.ops import kernels_loaded, linear_q8_0
+from kiln.llm.kernels.ops import kernels_loaded, linear_q8_0, linear_q8_0a8
 from kiln.llm.layers.linear import project, takes_packed
 
 BLOCK = 32
@@ -73,10 +77,17 @@ class Q8_0Head(nn.Module):
         self.register_buffer("scales", blocks.scales.contiguous())
         # Plain attributes: the model owns them (the embedding table, its oneDNN copy).
         self.float_weight, self.packed = weight, packed
+        # fp32 inputs quantized to int8 at every row count (`--int4-activations int8`).
+        self.int8_activations = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8_activations:
+            y = linear_q8_0a8(x, self.codes, self.scales)
+            if y is not None:
+                return y
         y = None if takes_packed(x, self.packed) else linear_q8_0(x, self.codes, self.scales)
         return project(x, self.float_weight, self.packed) if y is None else y
 
     def extra_repr(self) -> str:
-        return f"in_features={self.codes.shape[1]}, out_features={self.codes.shape[0]}, Q8_0 blocks of {BLOCK}"
+        a8 = ", int8 activations" if self.int8_activations else ""
+        return f"in_features={self.codes.shape[1]}, out_features={self.codes.shape[0]}, Q8_0 blocks of {BLOCK}{a8}"

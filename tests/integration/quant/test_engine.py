@@ -34,15 +34,18 @@ def test_batch_and_prefix_cache_do_not_change_greedy_tokens(make_smollm2_engine,
 
 
 def test_int8_activations_are_an_opt_in_that_keeps_answers_batch_independent(make_smollm2_engine, prompts):
-    """`--int4-activations int8`: the kept Q4_1 projections quantize their inputs (llama.cpp's numerics);
-    the fused decode layer takes them too, and answers still do not depend on the batch."""
+    """`--int4-activations int8`: the kept Q4_1 projections and the Q8_0 head quantize their inputs
+    (llama.cpp's numerics); the fused decode layer takes them too, and answers still do not depend on
+    the batch."""
     from kiln.llm.quant.int4_cpu import Int4CpuLinear
+    from kiln.llm.quant.q8_0_head import Q8_0Head
 
     llm = make_smollm2_engine(int4_activations="int8", enable_prefix_caching=False)
     model = llm.engine.core.runner.model
     int4 = [m for m in model.modules() if isinstance(m, Int4CpuLinear)]
     assert int4 and all(m.int8_activations for m in int4)
     assert model.fused_layers and {f.group_size for f in model.fused_layers} == {-int4[0].group_size}
+    assert isinstance(model.logits_head, Q8_0Head) and model.logits_head.int8_activations
     alone = [llm.generate([p], PARAMS)[0].outputs[0].token_ids for p in prompts[:3]]
     together = [o.outputs[0].token_ids for o in llm.generate(prompts[:3], PARAMS)]
     assert together == alone

@@ -21,7 +21,7 @@ from kiln.llm.models.arch import LlamaArch, MoEShape
 from kiln.llm.models.gemma import GemmaModel
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.moe import SparseMoeBlock
-from kiln.llm.quant.int4_cpu import use_int8_activations
+from kiln.llm.quant.int8_activations import use_int8_activations
 from kiln.llm.runner.inputs import decode_group
 
 pytestmark = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")

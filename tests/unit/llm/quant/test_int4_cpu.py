@@ -11,6 +11,7 @@ from kiln.llm.kernels import ops
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.quant import int4_cpu
 from kiln.llm.quant.int4_cpu import Int4CpuLinear, pack_codes, quantize_int4_fp16, unpack_codes
+from kiln.llm.quant.int8_activations import use_int8_activations
 
 needs_kernels = pytest.mark.skipif(not cpu_supported(), reason="CPU without AVX2/FMA: kernels are not built")
 
@@ -267,7 +268,7 @@ def test_int8_activations_switch_fp32_inputs_to_linear_w4a8():
     layer = Int4CpuLinear.from_float(weight(40, 256), 32)
     x = torch.randn(20, 256)
     exact = layer(x)
-    assert int4_cpu.use_int8_activations(torch.nn.Sequential(layer, torch.nn.Linear(4, 4))) == 1
+    assert use_int8_activations(torch.nn.Sequential(layer, torch.nn.Linear(4, 4))) == 1
     a8 = layer(x)
     assert torch.equal(a8, ops.linear_w4a8(x, layer.codes, layer.scale_min, 32)) and not torch.equal(a8, exact)
     assert (a8 - exact).abs().max() < 0.02 * exact.abs().max()  # groups of 32 quantized to 8 bits

@@ -3,7 +3,9 @@ blocks read as gguf dequantizes them, `kiln::linear_q8_0` bit-identical to
 `kiln::linear_f32` on the dequantized weight for every row count, the head
 computing the float head's logits bit for bit on every path (kernel, packed
 oneDNN copy, torch), and a GGUF whose head is Q8_0 (tied or not) served
-through it unless another quantization is asked for."""
+through it unless another quantization is asked for; with int8 activations
+(`--int4-activations int8`), `kiln::linear_q8_0a8` against exact integer block
+sums and the same bits for a row in every batch."""
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,7 @@ from kiln.llm.kernels.ops import kernels_loaded, pack_linear_weight
 from kiln.llm.layers.linear import project
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.quant.int8 import Int8Linear
+from kiln.llm.quant.int8_activations import use_int8_activations
 from kiln.llm.quant.q8_0_head import Q8_0Head, q8_0_weight
 from tests.unit.llm.quant.formats.compare import kiln_logits, kiln_model, small_llama
 from tests.unit.llm.quant.formats.writers import write_gguf
@@ -107,3 +110,64 @@ def test_other_head_types_keep_the_float_head(tmp_path, float_model):
                                       {"embed_tokens.weight": T.Q8_0}))  # untied: the head is F32
     assert ckpt.stored_head is None
     assert ckpt.without_weights().stored_head is None
+
+
+def int8_activation_reference(x: torch.Tensor, weight) -> torch.Tensor:
+    """Q8_0 x int8 activations in float64 from exact integer block sums: x quantized per
+    row in the weight's blocks (sx = max|x| / 127, xq = round(x / sx), 1 for a zero block)."""
+    m, k = x.shape
+    xb = x.view(m, k // 32, 32)
+    amax = xb.abs().amax(-1)
+    sx = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    xq = torch.round(xb * torch.where(amax > 0, 127 / amax, torch.zeros_like(amax)).unsqueeze(-1)).long()
+    wq = weight.codes.view(weight.codes.shape[0], k // 32, 32).long()
+    dots = torch.einsum("mbi,nbi->mnb", xq, wq).double()  # exact int block sums
+    return (dots * weight.scales.double().unsqueeze(0) * sx.double().unsqueeze(1)).sum(-1)
+
+
+@kernels
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_activation_kernel_sums_exact_block_products_and_is_batch_invariant(threads):
+    weight, w = blocks(203, 160, seed=threads)
+    weight.codes[:5, :32] = -128  # a code a file may hold: |code| 128 must not overflow the products
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(40, 160)
+        x[3, 32:64] = 0  # a zero block: scale 1, codes 0
+        full = torch.ops.kiln.linear_q8_0a8(x, weight.codes, weight.scales)
+        ref = int8_activation_reference(x, weight)
+        assert torch.allclose(full.double(), ref, rtol=1e-5, atol=1e-5)
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 32):  # every micro-kernel shape: the same bits per row
+            assert torch.equal(torch.ops.kiln.linear_q8_0a8(x[:m], weight.codes, weight.scales), full[:m]), m
+        dequantized = x @ weight.dequantize().T
+        assert (full - dequantized).abs().max() < 0.02 * dequantized.abs().max()
+    finally:
+        torch.set_num_threads(previous)
+
+
+@kernels
+def test_int8_activation_kernel_names_bad_operands():
+    weight, _ = blocks(4, 64)
+    with pytest.raises(RuntimeError, match="linear_q8_0a8: fp32 scales"):
+        torch.ops.kiln.linear_q8_0a8(torch.randn(1, 64), weight.codes, weight.scales[:, :1])
+    with pytest.raises(RuntimeError, match="linear_q8_0a8: K must be a multiple of 32"):
+        torch.ops.kiln.linear_q8_0a8(torch.randn(1, 48), weight.codes[:, :48].contiguous(), weight.scales)
+    with pytest.raises(RuntimeError, match="linear_q8_0a8: shape mismatch"):
+        torch.ops.kiln.linear_q8_0a8(torch.randn(1, 32), weight.codes, weight.scales)
+    with pytest.raises(RuntimeError, match="linear_q8_0a8: fp32 CPU x required"):
+        torch.ops.kiln.linear_q8_0a8(torch.randn(1, 64).double(), weight.codes, weight.scales)
+
+
+@kernels
+def test_switched_head_multiplies_int8_activations_at_every_row_count():
+    weight, w = blocks(300, 128)
+    head = weight.head(w, pack_linear_weight(w))
+    assert use_int8_activations(torch.nn.Sequential(torch.nn.Linear(4, 4), head)) == 1
+    x = torch.randn(193, 128)
+    full = head(x)
+    assert torch.equal(full, torch.ops.kiln.linear_q8_0a8(x, weight.codes, weight.scales))
+    assert not torch.equal(full, project(x, w, head.packed))
+    for m in (1, 6, 32, 33, 192):  # the float head's paths change here (kernel, packed copy, torch): not this one
+        assert torch.equal(head(x[:m]), full[:m]), m
+    assert "int8 activations" in repr(head)
