@@ -55,9 +55,9 @@ class ModelConfig:
     )
     int4_activations: str = option(
         "float",
-        "what int4 projections multiply on a CPU: float (the activations as they are) or int8 (each row "
-        "quantized in groups of 32 first, as llama.cpp multiplies Q4 files: about 2x faster batch-1 decode on "
-        "AVX2, answers may change; float32 models)",
+        "what int4 projections and a GGUF's Q8_0 LM head multiply on a CPU: float (the activations as they "
+        "are) or int8 (each row quantized in groups of 32 first, as llama.cpp multiplies GGUF files: about 2x "
+        "faster batch-1 decode on AVX2, answers may change; float32 models)",
         ("float", "int8"),
     )
     enable_cuda_graphs: bool = option(

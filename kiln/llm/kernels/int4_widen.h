@@ -7,13 +7,14 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/util/Half.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
+
+#include "linear_tiling.h"
 
 namespace kiln_int4 {
 
@@ -47,14 +48,14 @@ inline Weight checked_weight(const at::Tensor& codes, const at::Tensor& scale_mi
   return {codes.contiguous(), scale_min.contiguous(), N, K, G};
 }
 
-// (scale, min) of group g of a row as floats.
+// (scale, min) of group g of a row as floats (fp16 through F16C: both builds have it).
 template <typename P>
 inline void group_params(const P* p, float& scale, float& min) {
   if constexpr (std::is_same_v<P, float>) {
     scale = p[0], min = p[1];
   } else {
-    scale = static_cast<float>(c10::Half(p[0], c10::Half::from_bits()));
-    min = static_cast<float>(c10::Half(p[1], c10::Half::from_bits()));
+    scale = _cvtsh_ss(p[0]);
+    min = _cvtsh_ss(p[1]);
   }
 }
 
@@ -78,14 +79,23 @@ inline void store8(uint16_t* out, __m256 w) {
 template <typename P, typename O>
 inline void widen_row(const uint8_t* codes, const P* params, O* out, int64_t K, int64_t G) {
   const __m256i low4 = _mm256_set1_epi32(0x0F);
+  const int64_t halves_per_group = G / 32;  // G is a multiple of 32: a half-run never straddles groups
+  int64_t left = 0;                          // halves left in the current group
+  __m256 scale, min;
   for (int64_t b = 0; b < K; b += 64) {
     const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b / 2));
-    for (int s = 0; s < 8; ++s) {
-      float scale, min;
-      group_params(params + ((b + 8 * s) / G) * 2, scale, min);
-      const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(words, _mm256_set1_epi32(4 * s)), low4);
-      const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale), _mm256_set1_ps(min));
-      store8(out + b + 8 * s, w);
+    for (int half = 0; half < 2; ++half) {  // weights 32 half .. 32 half + 31: nibbles s = 4 half .. 4 half + 3
+      if (left == 0) {
+        float sc, mn;
+        group_params(params, sc, mn);
+        params += 2;
+        scale = _mm256_set1_ps(sc), min = _mm256_set1_ps(mn), left = halves_per_group;
+      }
+      --left;
+      for (int s = 4 * half; s < 4 * half + 4; ++s) {
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi32(words, 4 * s), low4);
+        store8(out + b + 8 * s, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), scale, min));
+      }
     }
   }
 }
@@ -94,12 +104,23 @@ inline void widen_row(const uint8_t* codes, const P* params, O* out, int64_t K, 
 // `tile` rows at a time, widens the tile once into its own buffer of O and
 // calls use(buffer, t0, rows), which passes every x row over it. linear_w4
 // (fp32 tiles, linear_f32.cpp) and linear_w4_bf16 (bf16, linear_bf16.cpp).
+//
+// The buffer has kSlackRows rows more than a tile: the micro-kernels that pass
+// over it prefetch weight rows ahead of those they multiply, up to
+// (kPrefetchPasses + 1) x 4 rows past the tile's last, and those lines must be
+// this thread's own. Without the slack they were the neighbouring heap memory,
+// the other thread's buffer as it was being widened: on Zen 1 that sharing
+// cost 2 threads 3x the CPU time of one (linear_w4 at 64 rows: 11.0 ms wall vs
+// 4.0 ms with the slack, one thread 7.6 ms).
+constexpr int64_t kSlackRows = 16;
+
 template <typename O, typename P, typename Use>
 void over_widened_tiles(const uint8_t* codes, const P* scale_min, int64_t K, int64_t N, int64_t G, int64_t tile,
                         int64_t grain, Use use) {
+  static_assert((kiln_linear::kPrefetchPasses + 1) * 4 <= kSlackRows);
   const int64_t groups = K / G;
   at::parallel_for(0, N, grain, [&](int64_t n_begin, int64_t n_end) {
-    std::vector<O> widened(tile * K);
+    std::vector<O> widened((tile + kSlackRows) * K);
     for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
       const int64_t rows = std::min(tile, n_end - t0);
       for (int64_t r = 0; r < rows; ++r)

@@ -1,5 +1,6 @@
 """Perplexity of SmolLM2 on a fixed slice of Python's pydoc topics text:
-int8 within 1% of the float32 baseline, int4 within 6% (both computed here).
+int8 within 1% of the float32 baseline, int4 within 6% (both computed here),
+`--int4-activations int8` within 2%.
 The default load (quantization unset) keeps the file's Q4_1 codes 1:1 as
 Kiln's int4: its weights are the float baseline's exactly, so only
 summation order separates the two (within 0.1%). SmolLM2 written as GPTQ
@@ -54,6 +55,13 @@ def baseline(smollm2_checkpoint, ids):
 def test_quantized_perplexity_close_to_float(smollm2_checkpoint, ids, baseline, method, max_ratio):
     ppl = model_perplexity(smollm2_checkpoint, ids, quantization=method)
     assert abs(ppl / baseline - 1) < max_ratio - 1, f"{method}: {ppl:.4f} vs float32 {baseline:.4f}"
+
+
+def test_int8_activations_stay_within_two_percent(smollm2_checkpoint, ids, baseline):
+    """`--int4-activations int8` (the Q4_1 projections and the Q8_0 head on int8 activations, as
+    llama.cpp multiplies the file): a small, bounded loss (measured +1.2% on this slice)."""
+    ppl = model_perplexity(smollm2_checkpoint, ids, int4_activations="int8")
+    assert ppl != baseline and abs(ppl / baseline - 1) < 0.02, f"{ppl:.4f} vs float32 {baseline:.4f}"
 
 
 def prequantized_checkpoint(float_checkpoint, method: str) -> Checkpoint:
