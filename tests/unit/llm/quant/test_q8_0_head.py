@@ -58,12 +58,14 @@ def test_kernel_is_linear_f32_on_the_dequantized_weight(threads):
 
 
 @kernels
-def test_kernel_names_bad_operands():
+@pytest.mark.parametrize("name", ["linear_q8_0", "linear_q8_0a8"])
+def test_kernels_name_bad_operands(name):
     weight, _ = blocks(4, 64)
-    with pytest.raises(RuntimeError, match="linear_q8_0: fp32 scales"):
-        torch.ops.kiln.linear_q8_0(torch.randn(1, 64), weight.codes, weight.scales[:, :1])
-    with pytest.raises(RuntimeError, match="linear_q8_0: K must be a multiple of 32"):
-        torch.ops.kiln.linear_q8_0(torch.randn(1, 48), weight.codes[:, :48].contiguous(), weight.scales)
+    op = getattr(torch.ops.kiln, name)
+    with pytest.raises(RuntimeError, match=f"{name}: fp32 scales"):
+        op(torch.randn(1, 64), weight.codes, weight.scales[:, :1])
+    with pytest.raises(RuntimeError, match=f"{name}: K must be a multiple of 32"):
+        op(torch.randn(1, 48), weight.codes[:, :48].contiguous(), weight.scales)
 
 
 @kernels
@@ -147,12 +149,8 @@ def test_int8_activation_kernel_sums_exact_block_products_and_is_batch_invariant
 
 
 @kernels
-def test_int8_activation_kernel_names_bad_operands():
+def test_int8_activation_kernel_names_bad_inputs():
     weight, _ = blocks(4, 64)
-    with pytest.raises(RuntimeError, match="linear_q8_0a8: fp32 scales"):
-        torch.ops.kiln.linear_q8_0a8(torch.randn(1, 64), weight.codes, weight.scales[:, :1])
-    with pytest.raises(RuntimeError, match="linear_q8_0a8: K must be a multiple of 32"):
-        torch.ops.kiln.linear_q8_0a8(torch.randn(1, 48), weight.codes[:, :48].contiguous(), weight.scales)
     with pytest.raises(RuntimeError, match="linear_q8_0a8: shape mismatch"):
         torch.ops.kiln.linear_q8_0a8(torch.randn(1, 32), weight.codes, weight.scales)
     with pytest.raises(RuntimeError, match="linear_q8_0a8: fp32 CPU x required"):
