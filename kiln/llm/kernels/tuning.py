@@ -20,6 +20,14 @@ PACKED_MIN_ROWS = 32
 # at 256 (1 and 2 threads, three runs). Re-tune: bench/int4_prefill.py.
 INT4_DEQUANT_MIN_ROWS = 192
 
+# fp32 rows up to which a GGUF Q8_0 LM head multiplies its int8 blocks (kiln::linear_q8_0, a third of the
+# float head's bytes); above, the float head it is bit-identical to (linear_f32, or the packed copy above
+# PACKED_MIN_ROWS). The Q8_0 kernel converts every code for every pass of rows, so it is bound by compute
+# once the rows cover the bytes it saves. SmolLM2's head (49152 x 576), AMD EPYC Zen 1, 2 threads, ms,
+# linear_q8_0 / linear_f32: 1 row 3.19 / 5.29; 4: 5.56 / 6.80; 6: 7.67 / 7.77; 7: 8.57 / 7.94; 8: 10.2 / 9.3;
+# 9: 14.2 / 9.5; 16: 22.2 / 14.8; 32: 48.0 / 33.3 (2026-12-03). Re-tune: bench/q8_0_head.py.
+Q8_0_HEAD_MAX_ROWS = 6
+
 # An int4 Linear with bf16 activations, on a CPU with bf16 dot products: above INT4_BF16_MIN_ROWS rows
 # Kiln's bf16 kernel on weight tiles widened to bf16 as it goes (kiln::linear_w4_bf16) instead of the
 # fp32 int4 kernel; above INT4_BF16_DEQUANT_MIN_ROWS the whole weight widened to bf16 in memory

@@ -6,10 +6,11 @@ step reads (SmolLM2: 113 MB of its 180 MB). Kept as stored, it is 30 MB;
 `linear_q8_0` multiplies each code by its block's scale in registers (exact
 in fp32: an int8 times an fp16), which is the float weight gguf dequantizes,
 and accumulates as linear_f32 does: the logits are bit-identical to the
-float head's. So the head takes the kernel exactly where the float head would
-take linear_f32 (fp32 CPU activations, up to LINEAR_MAX_ROWS rows, the
-packed oneDNN copy not chosen), and the float path everywhere else: no step
-of any size computes other logits than before.
+float head's. Converting every code for every pass of rows makes it
+compute-bound from a few rows, so the head takes the kernel up to
+Q8_0_HEAD_MAX_ROWS fp32 rows (decode of a few requests, where the bytes it
+saves decide) and the float path above (linear_f32, then the packed oneDNN
+copy): no step of any size computes other logits than before.
 
 With `--int4-activations int8` (quant/int8_activations.py) the head multiplies
 int8 activations instead, `linear_q8_0a8` at every row count (llama.cpp's
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from kiln.llm.kernels.ops import kernels_loaded, linear_q8_0, linear_q8_0a8
+from kiln.llm.kernels.tuning import Q8_0_HEAD_MAX_ROWS
 from kiln.llm.layers.linear import project, takes_packed
 
 BLOCK = 32
@@ -66,7 +68,7 @@ def q8_0_weight(raw: np.ndarray, rows: int, cols: int) -> Q8_0Weight:
 
 class Q8_0Head(nn.Module):
     """Computes the logits of `project(x, weight, packed)` (the float head), bit for bit,
-    reading the Q8_0 blocks where that would run linear_f32."""
+    reading the Q8_0 blocks for up to Q8_0_HEAD_MAX_ROWS rows."""
 
     codes: torch.Tensor  # int8 [N, K]
     scales: torch.Tensor  # float32 [N, K / 32]
@@ -85,7 +87,8 @@ class Q8_0Head(nn.Module):
             y = linear_q8_0a8(x, self.codes, self.scales)
             if y is not None:
                 return y
-        y = None if takes_packed(x, self.packed) else linear_q8_0(x, self.codes, self.scales)
+        few_rows = x.dim() == 2 and x.shape[0] <= Q8_0_HEAD_MAX_ROWS and not takes_packed(x, self.packed)
+        y = linear_q8_0(x, self.codes, self.scales) if few_rows else None
         return project(x, self.float_weight, self.packed) if y is None else y
 
     def extra_repr(self) -> str:

@@ -75,7 +75,8 @@ def test_head_computes_the_float_heads_logits_on_every_path(packed):
     copy = pack_linear_weight(w) if packed else None
     head = weight.head(w, copy)
     assert isinstance(head, Q8_0Head)
-    for m in (1, 6, 32, 33, 192, 193):  # kernel; packed copy (or the kernel) above 32; torch above 192
+    # kernel up to 6 rows; then linear_f32; the packed copy (or linear_f32) above 32; torch above 192
+    for m in (1, 6, 7, 32, 33, 192, 193):
         x = torch.randn(m, 128)
         assert torch.equal(head(x), project(x, w, copy)), m
     assert weight.head(w.bfloat16(), None) is None  # bf16 models keep their float head
