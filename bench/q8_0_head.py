@@ -11,10 +11,9 @@ shape (49152 x 576, random codes). Re-tunes Q8_0_HEAD_MAX_ROWS
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from int4_prefill import timed  # bench/ is the script's directory: on sys.path
 
 from kiln.llm.kernels import ops
 
@@ -22,13 +21,7 @@ HEAD = (49152, 576)
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return timed(fn, repeats) * 1e3
 
 
 def main() -> None:
