@@ -2,8 +2,9 @@
 blocks read as gguf dequantizes them, `kiln::linear_q8_0` bit-identical to
 `kiln::linear_f32` on the dequantized weight for every row count, the head
 computing the float head's logits bit for bit on every path (kernel, packed
-oneDNN copy, torch), and a GGUF whose head is Q8_0 (tied or not) served
-through it unless another quantization is asked for; with int8 activations
+oneDNN copy, torch) and taking the kernel up to Q8_0_HEAD_MAX_ROWS rows, and
+a GGUF whose head is Q8_0 (tied or not) served through it unless another
+quantization is asked for; with int8 activations
 (`--int4-activations int8`), `kiln::linear_q8_0a8` against exact integer block
 sums and the same bits for a row in every batch."""
 import numpy as np
@@ -15,8 +16,10 @@ from transformers import LlamaForCausalLM
 
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.kernels.ops import kernels_loaded, pack_linear_weight
+from kiln.llm.kernels.tuning import Q8_0_HEAD_MAX_ROWS
 from kiln.llm.layers.linear import project
 from kiln.llm.models.loader import load_checkpoint
+from kiln.llm.quant import q8_0_head
 from kiln.llm.quant.int8 import Int8Linear
 from kiln.llm.quant.int8_activations import use_int8_activations
 from kiln.llm.quant.q8_0_head import Q8_0Head, q8_0_weight
@@ -81,6 +84,18 @@ def test_head_computes_the_float_heads_logits_on_every_path(packed):
         assert torch.equal(head(x), project(x, w, copy)), m
     assert weight.head(w.bfloat16(), None) is None  # bf16 models keep their float head
     assert weight.head(w[:10], None) is None
+
+
+@kernels
+def test_head_takes_the_kernel_up_to_its_row_limit(monkeypatch):
+    calls = []
+    kernel = q8_0_head.linear_q8_0
+    monkeypatch.setattr(q8_0_head, "linear_q8_0", lambda x, *a: calls.append(x.shape[0]) or kernel(x, *a))
+    weight, w = blocks(64, 96)
+    head = weight.head(w, None)
+    for m in (1, Q8_0_HEAD_MAX_ROWS, Q8_0_HEAD_MAX_ROWS + 1, 32):
+        head(torch.randn(m, 96))
+    assert calls == [1, Q8_0_HEAD_MAX_ROWS]
 
 
 @pytest.fixture(scope="module")
