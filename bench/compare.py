@@ -600,6 +600,16 @@ def ratio(a, b) -> str:
     return f"{a / b:.2f}x"
 
 
+def kiln_load(args) -> str:
+    """Kiln's weights and activations in this run, in words: the report's rows name them."""
+    weights = {
+        "float": "float (the GGUF dequantized: vLLM's weights; not `kiln serve`'s default load, which is "
+        "`--kiln-quantization stored`)",
+        "stored": "stored (`kiln serve`'s default load: the GGUF's Q4_1 projections kept int4, its Q8_0 head)",
+    }.get(args.kiln_quantization, f"Kiln's own {args.kiln_quantization} quantization of the float weights")
+    return f"{weights}; int4 activations {args.kiln_int4_activations}"
+
+
 def markdown(report: dict) -> str:
     L = []
     m, v = report["machine"], report["versions"]
@@ -611,6 +621,8 @@ def markdown(report: dict) -> str:
         f"{report['note']}\n"
     )
     L.append("Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "\n")
+    if report.get("kiln_load"):
+        L.append(f"Kiln's weights: {report['kiln_load']}\n")
     for s in report.get("skipped", []):
         L.append(f"- skipped: {s}")
     if report.get("skipped"):
@@ -857,6 +869,7 @@ def main() -> None:
         "machine": machine_info(),
         "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "note": "Check the load averages: figures from a shared machine are noisy; compare ratios within one run only.",
+        "kiln_load": kiln_load(args),
         "skipped": [],
     }
     versions = {"kiln": __import__("kiln").__version__}
