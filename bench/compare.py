@@ -605,7 +605,8 @@ def kiln_load(args) -> str:
     weights = {
         "float": "float (the GGUF dequantized: vLLM's weights; not `kiln serve`'s default load, which is "
         "`--kiln-quantization stored`)",
-        "stored": "stored (`kiln serve`'s default load: the GGUF's Q4_1 projections kept int4, its Q8_0 head)",
+        "stored": "stored (`kiln serve`'s default load: the GGUF's Q4_1 projections kept int4; the head from "
+        "its Q8_0 blocks in float32, the float embedding in bfloat16)",
     }.get(args.kiln_quantization, f"Kiln's own {args.kiln_quantization} quantization of the float weights")
     return f"{weights}; int4 activations {args.kiln_int4_activations}"
 

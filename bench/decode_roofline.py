@@ -39,11 +39,13 @@ MODES = {
     # The default load of the Q4_1 GGUF keeps its int4 projections: "float" makes fp32/bf16 what they say.
     "fp32": dict(dtype="float32", quantization="float"),
     "bf16": dict(dtype="bfloat16", quantization="float"),
-    # What `kiln serve` runs: the stored Q4_1 projections kept int4, fp32 activations, logits
-    # from the stored Q8_0 head (-floathead: from its float copy, bit-identical, as before).
+    # What `kiln serve` runs: the stored Q4_1 projections kept int4 in `--dtype auto` (bf16 on
+    # AVX512_BF16/AMX CPUs, fp32 elsewhere); in fp32 logits from the stored Q8_0 head
+    # (-floathead: from its float copy, bit-identical, as before).
     "default": dict(),
-    "default-floathead": dict(),
-    # The same kept int4 projections under an explicit --dtype bfloat16 (bf16 activations and KV pool).
+    "default-floathead": dict(dtype="float32"),
+    # The same kept int4 projections in an explicit dtype.
+    "default-fp32": dict(dtype="float32"),
     "default-bf16": dict(dtype="bfloat16"),
     # The same with --int4-activations int8 (linear_w4a8: llama.cpp's numerics for Q4 files).
     "default-a8": dict(int4_activations="int8"),

@@ -3,10 +3,10 @@ running oneDNN (what Int4CpuLinear does above INT4_DEQUANT_MIN_ROWS rows),
 per row count, on the default model's (SmolLM2-135M Q4_1) int4 Linears;
 then whole prompts through the engine, kept int4 against `--quantization
 float`. With `--dtype bfloat16` (a CPU with bf16 dot products): also Kiln's
-bf16 kernel on weight tiles widened as it goes (kiln::linear_w4_bf16), and
-widening to bf16 for oneDNN's bf16 GEMM (Int4CpuLinear's paths for bf16
-activations, INT4_BF16_MIN_ROWS / INT4_BF16_DEQUANT_MIN_ROWS), and bf16
-engines.
+bf16 kernel (kiln::linear_w4_bf16: weights widened in registers up to 8 rows,
+a tile at a time above), and widening to bf16 for oneDNN's bf16 GEMM
+(Int4CpuLinear's paths for bf16 activations, split at
+INT4_BF16_DEQUANT_MIN_ROWS), and bf16 engines.
 
 Per row count M: the median over --repeats of one call of each path on
 every int4 Linear shape of the model, summed over the shapes (one layer's
@@ -88,7 +88,7 @@ def main() -> None:
     print(f"threads={args.threads}  shapes={[(m.out_features, m.in_features) for m in layers]}")
     bf16 = args.dtype == "bfloat16"
     print(f"rows  int4 kernel ms  widened ({args.dtype})+oneDNN ms  kernel/widened"
-          + ("  tiled bf16 ms  kernel/tiled" if bf16 else ""))
+          + ("  bf16 kernel ms  kernel/bf16" if bf16 else ""))
     for rows in (int(r) for r in args.rows.split(",")):
         xs = [torch.randn(rows, m.in_features, generator=g) for m in layers]
         kernel = sum(timed(lambda m=m, x=x: ops.linear_w4(x, m.codes, m.scale_min, m.group_size), args.repeats)
@@ -98,9 +98,9 @@ def main() -> None:
         line = f"{rows:4d}  {kernel * 1e3:14.2f}  {wide * 1e3:17.2f}  {kernel / wide:14.2f}x"
         if bf16:
             xs16 = [x.bfloat16() for x in xs]
-            tiled = sum(timed(lambda m=m, x=x: ops.linear_w4_bf16(x, m.codes, m.scale_min, m.group_size),
+            bf16_kernel = sum(timed(lambda m=m, x=x: ops.linear_w4_bf16(x, m.codes, m.scale_min, m.group_size),
                               args.repeats) for m, x in zip(layers, xs16, strict=True))
-            line += f"  {tiled * 1e3:13.2f}  {kernel / tiled:11.2f}x"
+            line += f"  {bf16_kernel * 1e3:14.2f}  {kernel / bf16_kernel:11.2f}x"
         print(line, flush=True)
     floats = LLM(quantization="float", dtype=args.dtype, kv_cache_memory_gib=0.25)
     for llm in (stored, floats):

@@ -19,7 +19,7 @@ from kiln.llm.engine.progress import Progress
 from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
-from kiln.llm.models.dtype_choice import DtypeChoice, checkpoint_dtype, choose_dtype
+from kiln.llm.models.dtype_choice import checkpoint_dtype, choose_dtype
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.parallel.executor import ParallelRunner
@@ -66,24 +66,14 @@ def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weigh
     return model
 
 
-def resolve_dtype(config: EngineConfig, stored: torch.dtype | None, keeps_int4: bool = False) -> EngineConfig:
+def resolve_dtype(config: EngineConfig, stored: torch.dtype | None) -> EngineConfig:
     """`config` with its model dtype decided (`--dtype auto` resolved, see
     dtype_choice) and logged; everything after this reads a concrete dtype.
-    `keeps_int4`: the model will keep a pre-quantized checkpoint's int4 projections
-    (then `auto` on CPU is float32; an explicit dtype is honoured, `--dtype bfloat16`
-    being the faster choice for batch throughput on AVX512_BF16/AMX CPUs)."""
+    A pre-quantized checkpoint's kept int4 projections take the same choice:
+    in bfloat16 they compute with their weights rounded to bf16 at every row
+    count, one chain per output up to INT4_BF16_DEQUANT_MIN_ROWS rows
+    (kiln/llm/quant/int4_cpu.py), in float32 with the stored weights."""
     choice = choose_dtype(config.model.dtype, config.model.device, stored)
-    if keeps_int4 and config.model.dtype == "auto" and config.model.device == "cpu" and choice.dtype != "float32":
-        # In float32 every kept int4 projection computes with the stored weights exactly
-        # and row by row alike, so a prompt's tail after a prefix-cache hit, a lone request
-        # and a batched one get the same bits. In bfloat16 (1.4-1.5x the batch throughput,
-        # batch-1 decode about equal: docs/benchmarks.md, "int4 weights in a bf16 model")
-        # up to 8 rows take the fp32 kernel on the exact weights and more rows bf16 dot
-        # products on weights rounded to bf16, and greedy answers near a tie flip between
-        # the two (a streamed repeat of a chat answered otherwise than the first, measured).
-        # An explicit 16-bit --dtype is honoured.
-        choice = DtypeChoice("float32", "auto: a pre-quantized checkpoint's int4 projections compute the "
-                             "same bits at every batch size in float32")
     log.info("model dtype %s (%s)", choice.dtype, choice.reason)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=choice.dtype))
 
@@ -190,8 +180,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
         path = resolve_model_path(config)
         progress.begin("reading the checkpoint", path)
         checkpoint = load_checkpoint(path)
-    keeps_int4 = bool(checkpoint.quantized) and config.model.quantization != "float"
-    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights), keeps_int4)
+    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights))
     torch.manual_seed(config.model.seed)
     max_model_len = decide_max_model_len(checkpoint, config)
     progress.begin("building the model", "(weights to the serving layout, packing, fusing)")

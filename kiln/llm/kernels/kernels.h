@@ -18,6 +18,12 @@ at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 // x in fp32; linear_w4a8 quantizes it to int8 in groups of 32 (linear_w4a8.cpp).
 at::Tensor linear_w4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size);
 at::Tensor linear_w4a8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min, int64_t group_size);
+#if KILN_AVX512_BF16
+// bf16 x @ int4 group weights widened to bf16 -> bf16, bf16 dot products
+// (linear_bf16.cpp): one chain per output whatever M, so any M gives a row the same bits.
+at::Tensor linear_w4_bf16(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min,
+                          int64_t group_size);
+#endif
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
                                                 double eps);

@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "int4_widen.h"
 #include "kernels.h"
@@ -38,6 +39,10 @@ inline __m512bh load32(const uint16_t* p, __mmask32 keep) { return (__m512bh)_mm
 // read 1.6x faster than four on Zen 4 (docs/benchmarks.md). A macro for tuning.
 #ifndef KILN_BF16_SINGLE_ROW_COLS
 #define KILN_BF16_SINGLE_ROW_COLS 1
+#endif
+// Weight rows per pass of the int4 kernel for a single x row (independent dot-product chains).
+#ifndef KILN_W4_BF16_SINGLE_ROW_COLS
+#define KILN_W4_BF16_SINGLE_ROW_COLS 4
 #endif
 #ifndef KILN_BF16_WIDE_ROWS
 #define KILN_BF16_WIDE_ROWS 4
@@ -111,6 +116,89 @@ at::Tensor linear_bf16(const at::Tensor& x_in, const at::Tensor& w) {
   return y;
 }
 
+// int4 group weights (linear_f32.cpp's Int4Problem layout) against at most
+// kNarrowMaxRows bf16 x rows (decode): each run of 64 weights of a row is
+// widened in registers (the int4 kernel's FMA, then rounded to bf16 by
+// vcvtne2ps2bf16) and goes straight into the dot products, so the weights
+// leave memory as nibbles once and never return as bf16. Per output the chain
+// is Bf16DotProblem's (vdpbf16ps along K in runs of 32, then reduce16), so
+// the bits equal linear_bf16 on dequantize_w4(.., bf16) and run_w4_bf16's
+// tiles below at any M: a bf16 model's int4 projection gives a row the same
+// result in a decode step, a prompt's cached tail or a batch. (The convert
+// treats fp32 denormals as zero where .to(bfloat16) keeps them; a widened
+// weight is never one with fp16 parameters, and vdpbf16ps reads a bf16
+// denormal as zero either way.)
+template <typename P>
+struct Int4Bf16Problem {
+  static constexpr int kWideRows = 4, kWideCols = 4, kSingleRowCols = KILN_W4_BF16_SINGLE_ROW_COLS;
+  const uint16_t* x;  // bf16 bits [M, K]
+  const uint8_t* codes;
+  const P* scale_min;
+  c10::BFloat16* y;
+  int64_t K, N, G;
+
+  int64_t row_bytes() const { return K / 2; }
+  int64_t x_row_bytes() const { return K * 2; }
+
+  // (scale, min) of the groups of a run's two halves, each broadcast to 16 lanes.
+  static void half_params(const P* p, bool split, __m512 scale[2], __m512 min[2]) {
+    float sc, mn;
+    kiln_int4::group_params(p, sc, mn);
+    scale[0] = scale[1] = _mm512_set1_ps(sc), min[0] = min[1] = _mm512_set1_ps(mn);
+    if (split) {
+      kiln_int4::group_params(p + 2, sc, mn);
+      scale[1] = _mm512_set1_ps(sc), min[1] = _mm512_set1_ps(mn);
+    }
+  }
+
+  template <int MR, int NR>
+  void micro(int64_t m0, int64_t n0) const {
+    const uint16_t* __restrict xr = x + m0 * K;
+    const int64_t row_stride = K / 2, groups = K / G;
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
+    // Half h of a run (weights b + 32h .. b + 32h + 31): lanes 0-7 of the run's
+    // eight words (in both 256-bit halves) shifted to nibble 4h + 2j and lanes
+    // 8-15 to nibble 4h + 2j + 1 give weights b + 32h + 16j .. b + 32h + 16j + 15.
+    __m512i shift[2][2];
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 2; ++j)
+        shift[h][j] = _mm512_add_epi32(_mm512_set1_epi32(16 * h + 8 * j), _mm512_maskz_set1_epi32(0xFF00, 4));
+    __m512 acc[MR][NR];
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < K; b += 64) {
+      const uint8_t* run = codes + n0 * row_stride + b / 2;
+      if (b % 128 == 0)  // one cache line of each of the next rows (as Int4Problem)
+        for (int n = 0; n < NR; ++n)
+          _mm_prefetch(reinterpret_cast<const char*>(run + (kPrefetchPasses * NR + n) * row_stride), _MM_HINT_T0);
+      // The run's second half starts the next group when G is 32 or an odd multiple of it.
+      const bool split = b / G != (b + 32) / G;
+      __m512i words[NR];
+      __m512 scale[NR][2], min[NR][2];
+      for (int n = 0; n < NR; ++n) {
+        words[n] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + n * row_stride)));
+        half_params(scale_min + ((n0 + n) * groups + b / G) * 2, split, scale[n], min[n]);
+      }
+      for (int h = 0; h < 2; ++h) {
+        __m512bh wv[NR];
+        for (int n = 0; n < NR; ++n) {
+          __m512 f[2];
+          for (int j = 0; j < 2; ++j)
+            f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(words[n], shift[h][j]), low4)),
+                                   scale[n][h], min[n][h]);
+          wv[n] = _mm512_cvtne2ps_pbh(f[1], f[0]);  // lanes 0-15 from f[0]
+        }
+        for (int m = 0; m < MR; ++m) {
+          const __m512bh xv = load32(xr + m * K + b + 32 * h);
+          for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv, wv[n]);
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) y[(m0 + m) * N + n0 + n] = static_cast<c10::BFloat16>(reduce16(acc[m][n]));
+  }
+};
+
 // int4 group weights (linear_f32.cpp's Int4Problem layout) against bf16 x,
 // for a bf16 model's batches too small to repay widening the whole weight in
 // memory for oneDNN: each tile of weight rows is widened once to bf16 into a
@@ -144,8 +232,15 @@ at::Tensor linear_w4_bf16(const at::Tensor& x_in, const at::Tensor& codes, const
   at::Tensor y = at::empty({x.size(0), w.N}, x.options());
   const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
   w.with_params([&](const auto* params) {
-    run_w4_bf16(xb, w.codes.const_data_ptr<uint8_t>(), params, y.mutable_data_ptr<c10::BFloat16>(), x.size(0), w.K,
-                w.N, w.G);
+    using Params = std::remove_cv_t<std::remove_pointer_t<decltype(params)>>;
+    if (x.size(0) <= kiln_linear::kNarrowMaxRows) {
+      const Int4Bf16Problem<Params> p{xb, w.codes.const_data_ptr<uint8_t>(), params,
+                                      y.mutable_data_ptr<c10::BFloat16>(), w.K, w.N, w.G};
+      kiln_linear::Kernels<Int4Bf16Problem<Params>>::run(p, x.size(0));
+    } else {
+      run_w4_bf16(xb, w.codes.const_data_ptr<uint8_t>(), params, y.mutable_data_ptr<c10::BFloat16>(), x.size(0),
+                  w.K, w.N, w.G);
+    }
   });
   return y;
 }
@@ -154,6 +249,10 @@ at::Tensor linear_w4_bf16(const at::Tensor& x_in, const at::Tensor& codes, const
 
 namespace kiln {
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) { return ::linear_bf16(x, w); }
+at::Tensor linear_w4_bf16(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min,
+                          int64_t group_size) {
+  return ::linear_w4_bf16(x, codes, scale_min, group_size);
+}
 }  // namespace kiln
 
 // linear_w4_bf16 exists in this build only (ops.linear_w4_bf16 asks for it where it is loaded).

@@ -28,17 +28,18 @@ INT4_DEQUANT_MIN_ROWS = 192
 # 9: 14.2 / 9.5; 16: 22.2 / 14.8; 32: 48.0 / 33.3 (2026-12-03). Re-tune: bench/q8_0_head.py.
 Q8_0_HEAD_MAX_ROWS = 6
 
-# An int4 Linear with bf16 activations, on a CPU with bf16 dot products: above INT4_BF16_MIN_ROWS rows
-# Kiln's bf16 kernel on weight tiles widened to bf16 as it goes (kiln::linear_w4_bf16) instead of the
-# fp32 int4 kernel; above INT4_BF16_DEQUANT_MIN_ROWS the whole weight widened to bf16 in memory
-# (kiln::dequantize_w4) and oneDNN's bf16 GEMM. SmolLM2's 30 layers of int4 projections, Zen 4
-# (AVX512_BF16), 2 threads, ms, fp32 kernel / tiled bf16 / widened + oneDNN: 8 rows 17.8-20.0 /
-# 23.6-26.2 / 30.6-39.4; 9: 33.2 / 25.3 / 32.7; 16: 50.8 / 32.7 / 45.9; 64: 150.1 / 74.6 / 105.1;
-# 128: 213.3-300.9 / 105.2-134.8 / 100.5-138.5; 144: 252.4 / 131.6 / 109.9; 256: 528.6 / 240.3 /
-# 205.5 (2026-12-03; a pass over all 30 layers, weights streamed from memory as in a model). bench/
-# int4_prefill.py --threads 2 --dtype bfloat16 --rows 8,9,16,64,128 times one layer of each shape, its
-# weights cache-resident, which favours widening in memory: there oneDNN led from 64 rows (2.17 vs 2.55 ms).
-INT4_BF16_MIN_ROWS = 8
+# An int4 Linear with bf16 activations, on a CPU with bf16 dot products: up to INT4_BF16_DEQUANT_MIN_ROWS
+# rows Kiln's bf16 kernel (kiln::linear_w4_bf16: up to 8 rows the weights widened to bf16 in registers,
+# above that a tile of weight rows widened into a buffer and reused by every row); above it the whole
+# weight widened to bf16 in memory (kiln::dequantize_w4) and oneDNN's bf16 GEMM. SmolLM2's 30 layers of
+# int4 projections, Zen 4 (AVX512_BF16), 2 threads, ms, fp32 int4 kernel / tiled bf16 / widened +
+# oneDNN: 8 rows 17.8-20.0 / 23.6-26.2 / 30.6-39.4; 9: 33.2 / 25.3 / 32.7; 16: 50.8 / 32.7 / 45.9; 64:
+# 150.1 / 74.6 / 105.1; 128: 213.3-300.9 / 105.2-134.8 / 100.5-138.5; 144: 252.4 / 131.6 / 109.9; 256:
+# 528.6 / 240.3 / 205.5 (2026-12-03; a pass over all 30 layers, weights streamed from memory as in a
+# model). In registers against the fp32 int4 kernel, same passes: 1 row 7.30 / 7.76, 2: 7.25 / 8.53, 4:
+# 7.04 / 8.29, 8: 13.33 / 16.01 (2026-12-04). bench/int4_prefill.py --threads 2 --dtype bfloat16 --rows
+# 8,9,16,64,128 times one layer of each shape, its weights cache-resident, which favours widening in
+# memory: there oneDNN led from 64 rows (2.17 vs 2.55 ms).
 INT4_BF16_DEQUANT_MIN_ROWS = 128
 
 # Decode rows attended as one padded batch: bigger groups pad more keys, smaller ones make more calls.

@@ -96,9 +96,9 @@ def supported(arch: ModelArch, embed_tokens: torch.Tensor) -> bool:
 def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], int] | None:
     """(tensors the kernel takes, int4 group size or 0, negated for int8 activations) for a model of
     `dtype`, or None. The quantized kernels take fp32 activations; a bf16
-    model's int4 projections widen their rows to fp32 and round the result, as
-    Int4CpuLinear does at decode sizes (invariant: the fused layer's bf16 row
-    limit, BF16_PACKED_MIN_ROWS, is at most INT4_BF16_MIN_ROWS)."""
+    model's int4 projections run as Int4CpuLinear runs them at decode sizes
+    (bf16 dot products on the weights widened to bf16 where the kernel build
+    has them, else the fp32 kernel on rows widened to fp32, rounded once)."""
     if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
         return [module.weight], 0
     if type(module) is Int4CpuLinear and dtype in (torch.float32, torch.bfloat16):

@@ -23,11 +23,12 @@ INT4_DEQUANT_MIN_ROWS rows (prefill chunks) widen the weight once per call
 into memory (kiln::dequantize_w4, the same FMA), pack it and run oneDNN,
 as fp32 Linears do above their row limit. A bf16 model on a CPU with bf16
 dot products (AVX512_BF16, AMX) computes what the model in bf16 would (its
-weights rounded to bf16, as its activations are) above INT4_BF16_MIN_ROWS
-rows: Kiln's bf16 kernel on weight tiles widened as it goes
-(kiln::linear_w4_bf16), and above INT4_BF16_DEQUANT_MIN_ROWS oneDNN's bf16
-GEMM on the whole weight widened in memory; 1.3-2.2x the fp32 paths from 9
-rows on Zen 4 (kiln/llm/kernels/tuning.py). (`linear_w4a8` quantizes the
+weights rounded to bf16, as its activations are) at every row count:
+kiln::linear_w4_bf16 up to INT4_BF16_DEQUANT_MIN_ROWS rows (up to 8 the
+weights widened in registers, above that a tile at a time; one chain per
+output, so a row gets the same bits whatever the batch), and above that
+oneDNN's bf16 GEMM on the whole weight widened in memory; 1.06-2.2x the fp32
+paths on Zen 4 (kiln/llm/kernels/tuning.py). (`linear_w4a8` quantizes the
 activations to int8 instead: faster, SmolLM2's perplexity 0.4-0.7% higher;
 not the default, see linear_f32.cpp; the opt-in `--int4-activations int8`
 switches an fp32 model's int4 Linears to it: quant/int8_activations.py.)
@@ -50,7 +51,7 @@ from kiln.llm.kernels.ops import (
     linear_w4a8,
     pack_linear_weight,
 )
-from kiln.llm.kernels.tuning import INT4_BF16_DEQUANT_MIN_ROWS, INT4_BF16_MIN_ROWS, INT4_DEQUANT_MIN_ROWS
+from kiln.llm.kernels.tuning import INT4_BF16_DEQUANT_MIN_ROWS, INT4_DEQUANT_MIN_ROWS
 from kiln.llm.quant.base import QuantizedLinear
 
 RUN = 64  # weights per 32-byte run of codes
@@ -128,7 +129,7 @@ class Int4CpuLinear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if x2.dtype == torch.bfloat16 and x2.shape[0] > INT4_BF16_MIN_ROWS:
+        if x2.dtype == torch.bfloat16:
             y = self._bf16(x2)
             if y is not None:
                 return y.reshape(*x.shape[:-1], self.out_features)
@@ -153,8 +154,8 @@ class Int4CpuLinear(QuantizedLinear):
 
     def _bf16(self, x: torch.Tensor) -> torch.Tensor | None:
         """x @ W^T in bf16 on W widened to bf16, where the CPU has bf16 dot products
-        (elsewhere the fp32 paths are faster): tile by tile in Kiln's kernel, or for
-        prefill-sized x the whole W for this call through oneDNN."""
+        (elsewhere the fp32 paths are faster): in registers or tile by tile in Kiln's
+        kernel, or for prefill-sized x the whole W for this call through oneDNN."""
         if x.device.type != "cpu" or not bf16_dot_products():
             return None
         if x.shape[0] <= INT4_BF16_DEQUANT_MIN_ROWS:

@@ -1,10 +1,9 @@
-"""The model dtype with a pre-quantized checkpoint's int4 projections: on CPU
-`auto` keeps float32 there, where they compute the same bits at every batch
-size (in bfloat16, faster for batches, up to 8 rows and more rows take
-different kernels and weights rounded differently: kiln/llm/engine/builder.py);
-an explicit 16-bit dtype is honoured like any other. (It used to be refused for a
-supposed prefix-cache defect that was a near-tie flipped by 16-bit rounding:
-tests/integration/llm/test_numerics.py.)"""
+"""The model dtype with a pre-quantized checkpoint's kept int4 projections: `auto`
+takes the CPU's choice as for any model (bfloat16 with Kiln's avx512_bf16 kernels,
+where those projections compute with their weights rounded to bf16 at every row
+count: kiln/llm/quant/int4_cpu.py; float32 elsewhere); an explicit dtype is
+honoured. (16-bit dtypes were once refused for a supposed prefix-cache defect that
+was a near-tie flipped by 16-bit rounding: tests/integration/llm/test_numerics.py.)"""
 import pytest
 
 from kiln.config import EngineConfig
@@ -12,20 +11,14 @@ from kiln.llm.engine import builder
 from kiln.llm.models.dtype_choice import DtypeChoice
 
 
-def test_auto_keeps_float32_for_stored_int4_on_cpu(monkeypatch):
-    monkeypatch.setattr(builder, "choose_dtype", lambda *a: DtypeChoice("bfloat16", "this CPU has bf16"))
+@pytest.mark.parametrize("cpu_choice", ["bfloat16", "float32"])
+def test_auto_takes_the_cpu_choice(monkeypatch, cpu_choice):
+    monkeypatch.setattr(builder, "choose_dtype", lambda *a: DtypeChoice(cpu_choice, "this CPU's choice"))
     auto = EngineConfig.from_flat(dtype="auto")
-    assert builder.resolve_dtype(auto, None, keeps_int4=True).model.dtype == "float32"
-    assert builder.resolve_dtype(auto, None, keeps_int4=False).model.dtype == "bfloat16"
-
-
-def test_auto_without_bf16_stays_float32(monkeypatch):
-    monkeypatch.setattr(builder, "choose_dtype", lambda *a: DtypeChoice("float32", "no bf16 here"))
-    auto = EngineConfig.from_flat(dtype="auto")
-    assert builder.resolve_dtype(auto, None, keeps_int4=True).model.dtype == "float32"
+    assert builder.resolve_dtype(auto, None).model.dtype == cpu_choice
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_an_explicit_dtype_with_stored_int4_is_honoured(dtype):
+def test_an_explicit_dtype_is_honoured(dtype):
     config = EngineConfig.from_flat(dtype=dtype)
-    assert builder.resolve_dtype(config, None, keeps_int4=True).model.dtype == dtype
+    assert builder.resolve_dtype(config, None).model.dtype == dtype

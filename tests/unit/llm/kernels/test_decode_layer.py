@@ -15,7 +15,7 @@ import torch
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.kernels.ops import packed_min_rows
-from kiln.llm.kernels.tuning import INT4_BF16_MIN_ROWS, PACKED_MIN_ROWS
+from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch, MoEShape
 from kiln.llm.models.gemma import GemmaModel
@@ -162,8 +162,6 @@ def test_bf16_models_step_fused_up_to_their_own_row_limit():
     many = dataclasses.replace(meta, num_decodes=limit)
     assert fused_decode.applies(many, limit, torch.bfloat16)
     assert not fused_decode.applies(dataclasses.replace(meta, num_decodes=limit + 1), limit + 1, torch.bfloat16)
-    # Up to that limit a bf16 model's int4 projections take the fp32 kernel in the module path too.
-    assert limit <= INT4_BF16_MIN_ROWS
 
 
 def test_models_it_cannot_serve_keep_the_module_path():

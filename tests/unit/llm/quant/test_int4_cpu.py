@@ -136,41 +136,30 @@ def test_bf16_activations_and_the_fallback_agree(monkeypatch):
 
 
 @needs_kernels
-def test_in_a_bf16_model_the_kernel_is_fp32_rounded_once_and_row_independent():
-    """What a bf16 model's kept int4 projection computes for decode-sized inputs
-    (at most INT4_BF16_MIN_ROWS rows): the cast leaves codes and fp16 scale/min
-    alone, and each output row is the fp32 kernel on the widened input, rounded
-    once to bf16, whatever the rows around it (a prefill's tail after a
-    prefix-cache hit gives the rows a whole prefill of that size gives)."""
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 37, int4_cpu.INT4_BF16_DEQUANT_MIN_ROWS + 3])
+def test_in_a_bf16_model_every_row_count_runs_bf16_dot_products_on_the_weight_widened_to_bf16(rows):
+    """On a CPU with bf16 dot products a bf16 model's kept int4 projection is the
+    model in bf16 (its weights rounded to bf16, as its activations are) at every
+    row count: Kiln's bf16 kernel up to INT4_BF16_DEQUANT_MIN_ROWS rows (the
+    weights widened in registers up to 8, by tiles above: one chain, so a
+    decode row, a prompt's cached tail and a batch give a row the same bits)
+    and oneDNN's bf16 GEMM above; elsewhere the fp32 kernel on the stored
+    weights, rounded once. The cast leaves codes and fp16 scale/min alone."""
     layer = Int4CpuLinear.from_float(weight(), 64)
     codes, scale_min = layer.codes.clone(), layer.scale_min.clone()
     layer.to(torch.bfloat16)
-    assert torch.equal(layer.codes, codes) and layer.scale_min.dtype == torch.float16
-    assert torch.equal(layer.scale_min, scale_min)
-    x = torch.randn(int4_cpu.INT4_BF16_MIN_ROWS, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
-    full = layer(x)
-    assert full.dtype == torch.bfloat16
-    fp32 = ops.linear_w4(x.float(), codes, scale_min, 64)
-    assert fp32 is not None and torch.equal(full, fp32.bfloat16())
-    for rows in (slice(3, 8), slice(7, 8), slice(0, 1)):
-        assert torch.equal(layer(x[rows]), full[rows])
-
-
-@needs_kernels
-@pytest.mark.parametrize("rows", [9, 37, int4_cpu.INT4_BF16_DEQUANT_MIN_ROWS + 3])
-def test_in_a_bf16_model_larger_inputs_run_bf16_dot_products_on_the_weight_widened_to_bf16(rows):
-    """Above INT4_BF16_MIN_ROWS rows, on a CPU with bf16 dot products: the model in
-    bf16 (its weights rounded to bf16, as its activations are), through Kiln's
-    bf16 kernel up to INT4_BF16_DEQUANT_MIN_ROWS rows and oneDNN's bf16 GEMM
-    above; elsewhere the fp32 kernel, as below that size."""
-    layer = Int4CpuLinear.from_float(weight(), 64).to(torch.bfloat16)
+    assert torch.equal(layer.codes, codes) and torch.equal(layer.scale_min, scale_min)
+    assert layer.scale_min.dtype == torch.float16
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
     y = layer(x)
+    assert y.dtype == torch.bfloat16
     if ops.bf16_dot_products():
         widened = ops.dequantize_w4(layer.codes, layer.scale_min, 64, torch.bfloat16)
         assert widened is not None and torch.equal(widened, layer.dequantized_weight().bfloat16())
         if rows <= int4_cpu.INT4_BF16_DEQUANT_MIN_ROWS:
             assert torch.equal(y, torch.ops.kiln.linear_bf16(x, widened))
+            for part in (slice(0, 1), slice(rows // 2, rows)):
+                assert torch.equal(layer(x[part]), y[part])
         else:
             assert torch.equal(y, F.linear(x, widened))
     else:
@@ -193,7 +182,7 @@ def test_linear_w4_bf16_is_linear_bf16_on_the_widened_weight_row_independently(p
     y = ops.linear_w4_bf16(x, layer.codes, scale_min, group_size)
     assert y is not None and y.dtype == torch.bfloat16
     assert torch.equal(y, torch.ops.kiln.linear_bf16(x, widened))
-    for rows in (slice(0, 1), slice(5, 14), slice(60, 67)):
+    for rows in (slice(0, 1), slice(3, 8), slice(5, 14), slice(60, 67)):
         assert torch.equal(ops.linear_w4_bf16(x[rows], layer.codes, scale_min, group_size), y[rows])
 
 
