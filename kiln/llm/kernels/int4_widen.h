@@ -101,9 +101,10 @@ inline void widen_row(const uint8_t* codes, const P* params, O* out, int64_t K, 
 }
 
 // Threads split the N weight rows (in chunks of `grain`); each takes its share
-// `tile` rows at a time, widens the tile once into its own buffer of O and
-// calls use(buffer, t0, rows), which passes every x row over it. linear_w4
-// (fp32 tiles, linear_f32.cpp) and linear_w4_bf16 (bf16, linear_bf16.cpp).
+// `tile` rows at a time, widens the tile once into its own buffer of O (row by
+// row: widen(codes, params, out, K, G), widen_row's signature) and calls
+// use(buffer, t0, rows), which passes every x row over it. linear_w4 (fp32
+// tiles, linear_f32.cpp) and linear_w4_bf16 (bf16, linear_bf16.cpp).
 //
 // The buffer has kSlackRows rows more than a tile: the micro-kernels that pass
 // over it prefetch weight rows ahead of those they multiply, up to
@@ -114,9 +115,9 @@ inline void widen_row(const uint8_t* codes, const P* params, O* out, int64_t K, 
 // 4.0 ms with the slack, one thread 7.6 ms).
 constexpr int64_t kSlackRows = 16;
 
-template <typename O, typename P, typename Use>
+template <typename O, typename P, typename Widen, typename Use>
 void over_widened_tiles(const uint8_t* codes, const P* scale_min, int64_t K, int64_t N, int64_t G, int64_t tile,
-                        int64_t grain, Use use) {
+                        int64_t grain, Widen widen, Use use) {
   static_assert((kiln_linear::kPrefetchPasses + 1) * 4 <= kSlackRows);
   const int64_t groups = K / G;
   at::parallel_for(0, N, grain, [&](int64_t n_begin, int64_t n_end) {
@@ -124,7 +125,7 @@ void over_widened_tiles(const uint8_t* codes, const P* scale_min, int64_t K, int
     for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
       const int64_t rows = std::min(tile, n_end - t0);
       for (int64_t r = 0; r < rows; ++r)
-        widen_row(codes + (t0 + r) * (K / 2), scale_min + (t0 + r) * groups * 2, widened.data() + r * K, K, G);
+        widen(codes + (t0 + r) * (K / 2), scale_min + (t0 + r) * groups * 2, widened.data() + r * K, K, G);
       use(widened.data(), t0, rows);
     }
   });

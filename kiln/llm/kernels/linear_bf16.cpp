@@ -116,18 +116,73 @@ at::Tensor linear_bf16(const at::Tensor& x_in, const at::Tensor& w) {
   return y;
 }
 
-// int4 group weights (linear_f32.cpp's Int4Problem layout) against at most
-// kNarrowMaxRows bf16 x rows (decode): each run of 64 weights of a row is
-// widened in registers (the int4 kernel's FMA, then rounded to bf16 by
-// vcvtne2ps2bf16) and goes straight into the dot products, so the weights
-// leave memory as nibbles once and never return as bf16. Per output the chain
-// is Bf16DotProblem's (vdpbf16ps along K in runs of 32, then reduce16), so
-// the bits equal linear_bf16 on dequantize_w4(.., bf16) and run_w4_bf16's
-// tiles below at any M: a bf16 model's int4 projection gives a row the same
-// result in a decode step, a prompt's cached tail or a batch. (The convert
-// treats fp32 denormals as zero where .to(bfloat16) keeps them; a widened
+// int4 group weights (linear_f32.cpp's Int4Problem layout) widened to bf16 in
+// zmm registers, 32 weights at a time: the int4 kernel's FMA (q * scale + min
+// in fp32, as widen_row), then rounded to nearest even by vcvtne2ps2bf16.
+// That equals widen_row<uint16_t>'s rounding (torch's .to(bfloat16)) for
+// every value but fp32 denormals, which the convert reads as zero: a widened
 // weight is never one with fp16 parameters, and vdpbf16ps reads a bf16
-// denormal as zero either way.)
+// denormal as zero either way.
+struct Int4ToBf16 {
+  const __m512i low4 = _mm512_set1_epi32(0x0F);
+  // Half h of a run (weights b + 32h .. b + 32h + 31): lanes 0-7 of the run's
+  // eight words (in both 256-bit halves) shifted to nibble 4h + 2j and lanes
+  // 8-15 to nibble 4h + 2j + 1 give weights b + 32h + 16j .. b + 32h + 16j + 15.
+  __m512i shift[2][2];
+
+  Int4ToBf16() {
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 2; ++j)
+        shift[h][j] = _mm512_add_epi32(_mm512_set1_epi32(16 * h + 8 * j), _mm512_maskz_set1_epi32(0xFF00, 4));
+  }
+
+  // The run's eight words (32 bytes of codes) in both halves of a zmm.
+  static __m512i words(const uint8_t* run) {
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(run)));
+  }
+
+  // (scale, min) of the groups of a run's two halves (`split`: the second
+  // half starts the next group), each broadcast to 16 lanes.
+  template <typename P>
+  static void half_params(const P* p, bool split, __m512 scale[2], __m512 min[2]) {
+    float sc, mn;
+    kiln_int4::group_params(p, sc, mn);
+    scale[0] = scale[1] = _mm512_set1_ps(sc), min[0] = min[1] = _mm512_set1_ps(mn);
+    if (split) {
+      kiln_int4::group_params(p + 2, sc, mn);
+      scale[1] = _mm512_set1_ps(sc), min[1] = _mm512_set1_ps(mn);
+    }
+  }
+
+  __m512bh half(__m512i words, int h, __m512 scale, __m512 min) const {
+    __m512 f[2];
+    for (int j = 0; j < 2; ++j)
+      f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(words, shift[h][j]), low4)), scale,
+                             min);
+    return _mm512_cvtne2ps_pbh(f[1], f[0]);  // lanes 0-15 from f[0]
+  }
+
+  // One weight row of K into out (bf16 bits), for run_w4_bf16's tiles.
+  template <typename P>
+  void row(const uint8_t* codes, const P* params, uint16_t* out, int64_t K, int64_t G) const {
+    for (int64_t b = 0; b < K; b += 64) {
+      const bool split = b / G != (b + 32) / G;
+      __m512 scale[2], min[2];
+      half_params(params + (b / G) * 2, split, scale, min);
+      const __m512i w = words(codes + b / 2);
+      for (int h = 0; h < 2; ++h) _mm512_storeu_si512(out + b + 32 * h, (__m512i)half(w, h, scale[h], min[h]));
+    }
+  }
+};
+
+// int4 group weights against at most kNarrowMaxRows bf16 x rows (decode):
+// each run of 64 weights of a row is widened in registers (Int4ToBf16) and
+// goes straight into the dot products, so the weights leave memory as
+// nibbles once and never return as bf16. Per output the chain is
+// Bf16DotProblem's (vdpbf16ps along K in runs of 32, then reduce16), so the
+// bits equal linear_bf16 on the widened weight and run_w4_bf16's tiles below
+// at any M: a bf16 model's int4 projection gives a row the same result in a
+// decode step, a prompt's cached tail or a batch.
 template <typename P>
 struct Int4Bf16Problem {
   static constexpr int kWideRows = 4, kWideCols = 4, kSingleRowCols = KILN_W4_BF16_SINGLE_ROW_COLS;
@@ -140,29 +195,11 @@ struct Int4Bf16Problem {
   int64_t row_bytes() const { return K / 2; }
   int64_t x_row_bytes() const { return K * 2; }
 
-  // (scale, min) of the groups of a run's two halves, each broadcast to 16 lanes.
-  static void half_params(const P* p, bool split, __m512 scale[2], __m512 min[2]) {
-    float sc, mn;
-    kiln_int4::group_params(p, sc, mn);
-    scale[0] = scale[1] = _mm512_set1_ps(sc), min[0] = min[1] = _mm512_set1_ps(mn);
-    if (split) {
-      kiln_int4::group_params(p + 2, sc, mn);
-      scale[1] = _mm512_set1_ps(sc), min[1] = _mm512_set1_ps(mn);
-    }
-  }
-
   template <int MR, int NR>
   void micro(int64_t m0, int64_t n0) const {
     const uint16_t* __restrict xr = x + m0 * K;
     const int64_t row_stride = K / 2, groups = K / G;
-    const __m512i low4 = _mm512_set1_epi32(0x0F);
-    // Half h of a run (weights b + 32h .. b + 32h + 31): lanes 0-7 of the run's
-    // eight words (in both 256-bit halves) shifted to nibble 4h + 2j and lanes
-    // 8-15 to nibble 4h + 2j + 1 give weights b + 32h + 16j .. b + 32h + 16j + 15.
-    __m512i shift[2][2];
-    for (int h = 0; h < 2; ++h)
-      for (int j = 0; j < 2; ++j)
-        shift[h][j] = _mm512_add_epi32(_mm512_set1_epi32(16 * h + 8 * j), _mm512_maskz_set1_epi32(0xFF00, 4));
+    const Int4ToBf16 widen;
     __m512 acc[MR][NR];
     for (int m = 0; m < MR; ++m)
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
@@ -171,23 +208,16 @@ struct Int4Bf16Problem {
       if (b % 128 == 0)  // one cache line of each of the next rows (as Int4Problem)
         for (int n = 0; n < NR; ++n)
           _mm_prefetch(reinterpret_cast<const char*>(run + (kPrefetchPasses * NR + n) * row_stride), _MM_HINT_T0);
-      // The run's second half starts the next group when G is 32 or an odd multiple of it.
       const bool split = b / G != (b + 32) / G;
       __m512i words[NR];
       __m512 scale[NR][2], min[NR][2];
       for (int n = 0; n < NR; ++n) {
-        words[n] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + n * row_stride)));
-        half_params(scale_min + ((n0 + n) * groups + b / G) * 2, split, scale[n], min[n]);
+        words[n] = Int4ToBf16::words(run + n * row_stride);
+        Int4ToBf16::half_params(scale_min + ((n0 + n) * groups + b / G) * 2, split, scale[n], min[n]);
       }
       for (int h = 0; h < 2; ++h) {
         __m512bh wv[NR];
-        for (int n = 0; n < NR; ++n) {
-          __m512 f[2];
-          for (int j = 0; j < 2; ++j)
-            f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(words[n], shift[h][j]), low4)),
-                                   scale[n][h], min[n][h]);
-          wv[n] = _mm512_cvtne2ps_pbh(f[1], f[0]);  // lanes 0-15 from f[0]
-        }
+        for (int n = 0; n < NR; ++n) wv[n] = widen.half(words[n], h, scale[n][h], min[n][h]);
         for (int m = 0; m < MR; ++m) {
           const __m512bh xv = load32(xr + m * K + b + 32 * h);
           for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv, wv[n]);
@@ -202,11 +232,12 @@ struct Int4Bf16Problem {
 // int4 group weights (linear_f32.cpp's Int4Problem layout) against bf16 x,
 // for a bf16 model's batches too small to repay widening the whole weight in
 // memory for oneDNN: each tile of weight rows is widened once to bf16 into a
-// per-thread buffer (widen_row: the int4 kernel's FMA, rounded as
-// .to(torch.bfloat16) rounds it) and every x row runs the micro-kernels above
-// on it, so each output is the chain linear_bf16 computes on the whole
-// widened weight: equal to linear_bf16(x, dequantize_w4(.., bf16=True)) bit
-// for bit, whatever M (tiling as linear_f32.cpp's run_w4_tiles).
+// per-thread buffer (Int4ToBf16::row: 32 weights per zmm, 4x fewer
+// instructions than widen_row's 8-lane integer rounding, which was 40% of the
+// micro-kernels' time at 64 rows on Zen 4) and every x row runs the
+// micro-kernels above on it, so each output is the chain linear_bf16 computes
+// on the whole widened weight: equal to linear_bf16(x, dequantize_w4(..,
+// bf16=True)) bit for bit, whatever M (tiling as linear_f32.cpp's run_w4_tiles).
 template <typename P>
 void run_w4_bf16(const uint16_t* x, const uint8_t* codes, const P* scale_min, c10::BFloat16* y, int64_t M,
                  int64_t K, int64_t N, int64_t G) {
@@ -214,7 +245,11 @@ void run_w4_bf16(const uint16_t* x, const uint8_t* codes, const P* scale_min, c1
   constexpr int WR = Dense::kWideRows, WC = Dense::kWideCols;
   const int64_t tile = std::max<int64_t>(WC, kiln_linear::kWeightTileBytes / (K * 2) / WC * WC);
   const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 2) / WR * WR);
+  const Int4ToBf16 widen;
   kiln_int4::over_widened_tiles<uint16_t>(codes, scale_min, K, N, G, tile, 4 * WC,
+                                          [&](const uint8_t* c, const P* p, uint16_t* out, int64_t k, int64_t g) {
+                                            widen.row(c, p, out, k, g);
+                                          },
                                           [&](const uint16_t* widened, int64_t t0, int64_t rows) {
     const Dense d{x, widened, y + t0, K, N};  // y's row stride stays N
     for (int64_t m0 = 0; m0 < M; m0 += row_block)

@@ -258,6 +258,7 @@ void run_w4_tiles(const Int4Problem<P>& p, int64_t M) {
   const int64_t tile = std::max<int64_t>(WC, kiln_linear::kWeightTileBytes / (K * 4) / WC * WC);
   const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 4) / WR * WR);
   kiln_int4::over_widened_tiles<float>(p.codes, p.scale_min, K, p.N, p.G, tile, 4 * WC,
+                                       kiln_int4::widen_row<P, float>,
                                        [&](const float* widened, int64_t t0, int64_t rows) {
     const Dense d{p.x, widened, nullptr, p.y + t0, K, p.N};  // y's row stride stays N
     for (int64_t m0 = 0; m0 < M; m0 += row_block) Kernels<Dense>::block(d, m0, std::min(M, m0 + row_block), 0, rows);
