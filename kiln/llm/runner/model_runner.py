@@ -83,10 +83,11 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
             if not inputs.sample_chunks:
                 return RunnerOutput()
-            logits = self.model.compute_logits(hidden[inputs.sample_rows])
+            logits = self.model.head_logits(hidden[inputs.sample_rows])
         return self._sample(logits, inputs.sample_chunks, inputs.has_spec)
 
     def _sample(self, logits: torch.Tensor, chunks: list[ScheduledChunk], has_spec: bool) -> RunnerOutput:
+        # logits: the head's dtype (LlamaModel.head_logits); the sampler widens what it processes.
         if has_spec:
             return self._sample_spec(logits, chunks)
         requests = [c.request for c in chunks]
@@ -118,7 +119,7 @@ class ModelRunner:
                 chunks.append(c)
             at += c.num_logit_rows
         if chunks:
-            sampled = self._sample(self.model.compute_logits(hidden[rows]), chunks, inputs.has_spec)
+            sampled = self._sample(self.model.head_logits(hidden[rows]), chunks, inputs.has_spec)
             out.sampled, out.spec_sampled = sampled.sampled, sampled.spec_sampled
         return out
 

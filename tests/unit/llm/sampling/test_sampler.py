@@ -29,6 +29,22 @@ def test_greedy_is_argmax():
     assert [t.token_id for t in toks] == lg.argmax(-1).tolist()
 
 
+def test_bf16_logits_sample_as_their_float32_copy():
+    """The runner hands a bf16 model's logits over in bf16 (LlamaModel.head_logits):
+    greedy rows (ties included: bf16 makes many) pick the token the float32 copy
+    gives, and processed rows (penalties, logprobs, seeded sampling) compute on
+    that copy."""
+    lg = logits(6).bfloat16()
+    lg[1, 7] = lg[1, 3] = lg[1].max()  # a tie: the first index wins in both
+    plain = [req(str(i), temperature=0) for i in range(6)]
+    assert [t.token_id for t in Sampler()(lg, plain)] == [t.token_id for t in Sampler()(lg.float(), plain)]
+    processed = [req("a", temperature=0, logprobs=2), req("b", temperature=0.7, seed=3),
+                 req("c", temperature=0, repetition_penalty=1.3, out=(5, 6))]
+    ours, ref = Sampler()(lg[:3], processed), Sampler()(lg[:3].float(), processed)
+    assert [(t.token_id, t.logprob, t.top_logprobs) for t in ours] == [
+        (t.token_id, t.logprob, t.top_logprobs) for t in ref]
+
+
 def test_seeded_request_is_reproducible_whatever_the_batch():
     def draws(batch_size, sampler_seed):
         s = Sampler(seed=sampler_seed)
