@@ -6,7 +6,9 @@
 // CPUs with bf16 dot products widen to bf16 (for oneDNN's bf16 GEMM above
 // INT4_BF16_DEQUANT_MIN_ROWS rows, kiln/llm/kernels/tuning.py).
 //
-// Each row as int4_widen.h's widen_row: the weight the kernel multiplies by.
+// Each row as int4_widen.h's widen_row: the weight the kernel multiplies by
+// (bf16 in the avx512_bf16 build: Int4ToBf16, linear_w4_bf16's own widening,
+// 32 weights per zmm).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -15,6 +17,9 @@
 #include <cstdint>
 
 #include "int4_widen.h"
+#if KILN_AVX512_BF16
+#include "int4_widen_bf16.h"
+#endif
 
 namespace {
 
@@ -30,11 +35,25 @@ void widen(const at::Tensor& codes, const P* params, O* o, int64_t G) {
 }
 
 template <typename P>
+void widen_bf16(const at::Tensor& codes, const P* params, uint16_t* o, int64_t G) {
+#if KILN_AVX512_BF16
+  const int64_t N = codes.size(0), K = codes.size(1) * 2, groups = K / G;
+  const uint8_t* c = codes.const_data_ptr<uint8_t>();
+  const kiln_int4::Int4ToBf16 to_bf16;
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) to_bf16.row(c + n * (K / 2), params + n * groups * 2, o + n * K, K, G);
+  });
+#else
+  widen(codes, params, o, G);
+#endif
+}
+
+template <typename P>
 void widen_to(const at::Tensor& codes, const P* params, at::Tensor& out, int64_t G) {
   if (out.scalar_type() == at::kFloat)
     widen(codes, params, out.mutable_data_ptr<float>(), G);
   else
-    widen(codes, params, reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>()), G);
+    widen_bf16(codes, params, reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>()), G);
 }
 
 // codes uint8 [N, K/2], scale_min fp16 or fp32 [N, K/G, 2] -> fp32 [N, K]
