@@ -13,7 +13,8 @@
 // A projection is given as the tensors its Linear module holds: [w] fp32 or
 // bf16 (the model's dtype: x, the norms and the outputs are in it too),
 // [w int8, scales fp32] or [codes uint8, scale_min fp16 or fp32] (int4, with
-// its group size). The families with Llama's layer plus small variations pass
+// its group size; a bf16 model's quantized projections widen x to fp32 where
+// their modules do). The families with Llama's layer plus small variations pass
 // them too: a q|k|v bias added after the projection (Qwen2), RMSNorm over
 // each head of q and k before rope (Qwen3), rope on the first `rotary_dim`
 // dims of a head only (Phi-4-mini; 0: all), a sliding window (Mistral, Phi-3).
@@ -57,7 +58,10 @@ namespace {
 at::Tensor project(const at::Tensor& x, at::TensorList w, int64_t group_size) {
   if (w.size() == 1) return w[0].scalar_type() == at::kBFloat16 ? kiln::linear_bf16(x, w[0]) : kiln::linear_f32(x, w[0]);
   TORCH_CHECK(w.size() == 2, "decode_layer: a projection is [w], [w, scales] or [codes, scale_min]");
-  if (w[0].scalar_type() == at::kChar) return kiln::linear_w8(x, w[0], w[1]);
+  if (w[0].scalar_type() == at::kChar) {  // a bf16 model's rows widened, its result rounded once, as Int8Linear
+    if (x.scalar_type() != at::kFloat) return kiln::linear_w8(x.to(at::kFloat), w[0], w[1]).to(x.scalar_type());
+    return kiln::linear_w8(x, w[0], w[1]);
+  }
   // group_size < 0: an fp32 model under --int4-activations int8 (groups of -group_size), as Int4CpuLinear.
   if (group_size < 0) return kiln::linear_w4a8(x, w[0], w[1], -group_size);
   // A bf16 model's int4 projection, as Int4CpuLinear computes it: with bf16 dot

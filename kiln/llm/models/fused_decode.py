@@ -95,18 +95,18 @@ def supported(arch: ModelArch, embed_tokens: torch.Tensor) -> bool:
 
 def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], int] | None:
     """(tensors the kernel takes, int4 group size or 0, negated for int8 activations) for a model of
-    `dtype`, or None. The quantized kernels take fp32 activations; a bf16
-    model's int4 projections run as Int4CpuLinear runs them at decode sizes
-    (bf16 dot products on the weights widened to bf16 where the kernel build
-    has them, else the fp32 kernel on rows widened to fp32, rounded once)."""
+    `dtype`, or None. The quantized kernels take fp32 activations; in a bf16
+    model an int8 projection widens its rows to fp32 and rounds its result
+    once, as Int8Linear does, and an int4 one runs as Int4CpuLinear runs it at
+    decode sizes (bf16 dot products on the weights widened to bf16 where the
+    kernel build has them, else the fp32 kernel on rows widened to fp32,
+    rounded once)."""
     if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
         return [module.weight], 0
     if type(module) is Int4CpuLinear and dtype in (torch.float32, torch.bfloat16):
         int8_activations = module.int8_activations and dtype == torch.float32  # the kernel: linear_w4a8
         return [module.codes, module.scale_min], -module.group_size if int8_activations else module.group_size
-    if dtype != torch.float32:
-        return None
-    if type(module) is Int8Linear:
+    if type(module) is Int8Linear and dtype in (torch.float32, torch.bfloat16):
         return [module.weight_int8, module.scales_f32], 0
     return None
 

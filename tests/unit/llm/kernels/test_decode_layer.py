@@ -53,8 +53,8 @@ def model_in(mode: str, arch: LlamaArch = ARCH) -> LlamaModel:
     for name, p in model.named_parameters():
         norm = "layernorm" in name or name == "norm.weight" or name.endswith("_norm.weight")
         p.data.normal_(1.0, 0.1) if norm else p.data.normal_(0, 0.05)
-    quantization = {"fp32": None, "bf16": None, "int8": "int8"}.get(mode, "int4")  # int4, int4-bf16, int4-a8
-    dtype = torch.bfloat16 if mode in ("bf16", "int4-bf16") else torch.float32
+    quantization = {"fp32": None, "bf16": None, "int8": "int8", "int8-bf16": "int8"}.get(mode, "int4")
+    dtype = torch.bfloat16 if mode in ("bf16", "int4-bf16", "int8-bf16") else torch.float32  # else int4, int4-a8
     model.finish(torch.device("cpu"), dtype, quantization, group_size=32)
     if mode == "int4-a8":  # --int4-activations int8, as the engine builder switches it
         use_int8_activations(model)
@@ -98,7 +98,8 @@ def assert_fused_step_is_the_module_path(model: LlamaModel, batch: int, pool_dty
     [("fp32", torch.float32), ("int8", torch.float32), ("int4", torch.float32),
      ("fp32", torch.float16), ("int4", torch.bfloat16),  # 16-bit KV pools (kv_cache_dtype)
      ("bf16", torch.bfloat16), ("bf16", torch.float32),  # a bf16 model: its own pool dtype, or fp32
-     ("int4-bf16", torch.bfloat16),  # a bf16 model keeping int4 projections (a GGUF's under --dtype bfloat16)
+     ("int4-bf16", torch.bfloat16),  # a bf16 model keeping int4 projections (a GGUF's under --dtype auto here)
+     ("int8-bf16", torch.bfloat16),  # --quantization int8 in a bf16 model: rows widened to fp32, rounded once
      ("int4-a8", torch.float32)],  # int4 projections on int8 activations (--int4-activations int8)
 )
 @pytest.mark.parametrize("batch", [1, 5, 20])  # 20 rows: two decode groups
@@ -112,7 +113,7 @@ def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch)
     "mode,qk_norm,inter",
     [("fp32", False, 128), ("int8", False, 128), ("int4", False, 128), ("bf16", False, 128),  # Mixtral's layer
      ("fp32", True, 128), ("int8", True, 128),  # Qwen3-MoE's (q/k norms: fp32 models only)
-     ("int4-bf16", False, 128), ("int4-a8", False, 128),
+     ("int4-bf16", False, 128), ("int8-bf16", False, 128), ("int4-a8", False, 128),
      ("int4", False, 96)],  # experts' down_proj K=96 is no multiple of 64: not the kernel's int4, the block runs as is
 )
 @pytest.mark.parametrize("batch", [1, 5, 20])  # 1: the MoE block's one-token path; 20: two decode groups
@@ -168,7 +169,7 @@ def test_models_it_cannot_serve_keep_the_module_path():
     model = model_in("fp32")
     assert model.to(torch.float16).gather_fused_layers() is None  # neither fp32 nor bf16
     model = model_in("int8")
-    assert model.to(torch.bfloat16).gather_fused_layers() is None  # quantized kernels take fp32 activations
+    assert model.to(torch.float16).gather_fused_layers() is None  # fp16 models: the module path
     model = model_in("fp32")
     model.layers[1].mlp.down_proj = torch.nn.Identity()  # an unknown projection type
     assert model.gather_fused_layers() is None
