@@ -8,11 +8,21 @@ def test_allocate_takes_lowest_free_ids_in_order():
     assert pool.num_free == 7
 
 
-def test_freed_blocks_go_to_the_back_of_the_free_queue():
+def test_freed_blocks_without_contents_are_reused_first():
     pool = BlockPool(4)
     a = pool.allocate(2)  # 0, 1
     pool.free(list(reversed(a)))  # tail first: 1 then 0
-    assert [b.block_id for b in pool.allocate(4)] == [2, 3, 1, 0]
+    assert [b.block_id for b in pool.allocate(4)] == [0, 1, 2, 3]
+
+
+def test_freed_cached_blocks_go_after_never_used_ones_least_recent_first():
+    pool = BlockPool(6)
+    a = pool.allocate(3)  # 0, 1, 2
+    pool.cache(a[0], b"h0")
+    pool.cache(a[1], b"h1")
+    pool.free(list(reversed(a)))  # 2 (no hash) to the front; 1 then 0 to the back
+    assert [b.block_id for b in pool.allocate(6)] == [2, 3, 4, 5, 1, 0]
+    assert pool.lookup(b"h0") is None and pool.lookup(b"h1") is None
 
 
 def test_ref_counts_and_double_free():
