@@ -27,7 +27,7 @@ from kiln.llm.models.registry import build_model
 from kiln.llm.request import Request
 from kiln.llm.runner.inputs import build_inputs
 from kiln.llm.runner.kv_pool import kv_pool_tensor
-from kiln.llm.sampling.sampler import Sampler, needs_processing
+from kiln.llm.sampling.sampler import Sampler, needs_processing, row_argmax
 from kiln.llm.scheduler.output import ScheduledChunk
 from kiln.llm.spec_decode.proposer import Proposer
 from kiln.llm.spec_decode.verify import as_if_output
@@ -127,7 +127,7 @@ class DraftModelProposer(Proposer):
         processed draft distribution q) and q for the non-greedy ones."""
         if any(needs_processing(r.sampling_params, r) or not r.sampling_params.greedy for r in rows):
             logits = self.sampler.process(logits.clone(), rows)
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = row_argmax(logits).tolist()
         qs: list[torch.Tensor | None] = [None] * len(rows)
         random_rows = [j for j, r in enumerate(rows) if not r.sampling_params.greedy]
         if random_rows:

@@ -11,7 +11,7 @@ import torch
 
 from kiln.llm.request import Request
 from kiln.llm.sampling.output import SampledToken
-from kiln.llm.sampling.sampler import Sampler, needs_processing
+from kiln.llm.sampling.sampler import Sampler, needs_processing, row_argmax
 from kiln.llm.scheduler.output import ScheduledChunk
 from kiln.llm.spec_decode.proposer import Proposer
 from kiln.llm.spec_decode.rejection import greedy_accept, rejection_sample
@@ -44,7 +44,7 @@ def verify(
     if any(needs_processing(p, c.request) or not p.greedy for c in chunks for p in [c.request.sampling_params]):
         rows = row_requests(chunks)
         logits = sampler.process(logits.clone(), rows)
-    argmax = logits.argmax(dim=-1).tolist()
+    argmax = row_argmax(logits).tolist()
     random_rows = [i for i, r in enumerate(rows) if not r.sampling_params.greedy]
     if random_rows:  # one batched warp; logit row i is warped row where[i]
         warped = sampler.warp(logits[random_rows], [rows[i] for i in random_rows])
