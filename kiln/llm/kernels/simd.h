@@ -35,11 +35,26 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
+// Largest of s[0..n) (n >= 1), eight lanes at a time (a scalar loop was a
+// chain of dependent maxes: a fifth of prefill attention's time at 500 tokens).
+inline float max_of(const float* s, int64_t n) {
+  float mx = s[0];
+  int64_t t = 0;
+  if (n >= 8) {
+    __m256 vm = _mm256_loadu_ps(s);
+    for (t = 8; t + 8 <= n; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + t));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    mx = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  }
+  for (; t < n; ++t) mx = std::max(mx, s[t]);
+  return mx;
+}
+
 // Softmax of s[0..n) in place (s then holds probabilities); every kernel's
 // softmax is this one, so decode and prefill attention round alike.
 inline void softmax(float* s, int64_t n) {
-  float mx = s[0];
-  for (int64_t t = 1; t < n; ++t) mx = std::max(mx, s[t]);
+  float mx = max_of(s, n);
   const __m256 vmx = _mm256_set1_ps(mx);
   __m256 vsum = _mm256_setzero_ps();
   int64_t t = 0;
