@@ -57,7 +57,7 @@ class ModelConfig:
         "float",
         "what int4 projections and a GGUF's Q8_0 LM head multiply on a CPU: float (the activations as they "
         "are) or int8 (each row quantized in groups of 32 first, as llama.cpp multiplies GGUF files: about 2x "
-        "faster batch-1 decode on AVX2, answers may change; float32 models)",
+        "faster batch-1 decode on AVX2, answers may change; the model computes in float32: `auto` picks it)",
         ("float", "int8"),
     )
     enable_cuda_graphs: bool = option(

@@ -19,7 +19,7 @@ from kiln.llm.engine.progress import Progress
 from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
-from kiln.llm.models.dtype_choice import checkpoint_dtype, choose_dtype
+from kiln.llm.models.dtype_choice import DtypeChoice, checkpoint_dtype, choose_dtype
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.parallel.executor import ParallelRunner
@@ -51,7 +51,7 @@ def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weigh
     device = require_device(config.model.device)
     if config.model.dtype == "auto":
         config = dataclasses.replace(config, model=dataclasses.replace(
-            config.model, dtype=choose_dtype("auto", config.model.device, None).dtype))
+            config.model, dtype=dtype_for(config, None).dtype))
     m = config.model
     model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config),
                  stored_head=stored_head)
@@ -59,11 +59,18 @@ def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weigh
         switched = use_int8_activations(model)
         # Gathered again: the fused decode layer's int4 projections now take int8 activations too.
         model.fused_layers = model.gather_fused_layers()
-        if m.dtype == "float32":
-            log.info("int4 activations int8: %d int4 projections and Q8_0 heads switched", switched)
-        else:  # `auto` chose a 16-bit dtype (a float checkpoint quantized at load on a bf16 CPU)
-            log.warning("int4 activations int8 applies to float32 models; this %s model keeps its own", m.dtype)
+        log.info("int4 activations int8: %d int4 projections and Q8_0 heads switched", switched)
     return model
+
+
+def dtype_for(config: EngineConfig, stored: torch.dtype | None) -> DtypeChoice:
+    """The model dtype `config` asks for, `auto` decided: float32 whatever the
+    CPU under `--int4-activations int8` (linear_w4a8 takes fp32 activations;
+    EngineConfig refuses the option with an explicit 16-bit dtype), else
+    choose_dtype's choice."""
+    if config.model.dtype == "auto" and config.model.int4_activations == "int8":
+        return DtypeChoice("float32", "auto with --int4-activations int8: linear_w4a8 takes float32 activations")
+    return choose_dtype(config.model.dtype, config.model.device, stored)
 
 
 def resolve_dtype(config: EngineConfig, stored: torch.dtype | None) -> EngineConfig:
@@ -73,7 +80,7 @@ def resolve_dtype(config: EngineConfig, stored: torch.dtype | None) -> EngineCon
     in bfloat16 they compute with their weights rounded to bf16 at every row
     count, one chain per output up to INT4_BF16_DEQUANT_MIN_ROWS rows
     (kiln/llm/quant/int4_cpu.py), in float32 with the stored weights."""
-    choice = choose_dtype(config.model.dtype, config.model.device, stored)
+    choice = dtype_for(config, stored)
     log.info("model dtype %s (%s)", choice.dtype, choice.reason)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=choice.dtype))
 

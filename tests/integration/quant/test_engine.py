@@ -50,3 +50,14 @@ def test_int8_activations_are_an_opt_in_that_keeps_answers_batch_independent(mak
     together = [o.outputs[0].token_ids for o in llm.generate(prompts[:3], PARAMS)]
     assert together == alone
     assert_idle(llm)
+
+
+def test_int8_activations_under_dtype_auto_run_in_float32(make_smollm2_engine):
+    """`kiln serve --int4-activations int8` leaves `--dtype auto`: the engine builds on any CPU
+    (float32: the option's kernels take fp32 activations) and answers as with an explicit float32."""
+    llm = make_smollm2_engine(dtype="auto", int4_activations="int8", enable_prefix_caching=False)
+    assert llm.engine.core.config.model.dtype == "float32"
+    explicit = make_smollm2_engine(int4_activations="int8", enable_prefix_caching=False)
+    prompt = ["The capital of France is"]
+    answer = llm.generate(prompt, PARAMS)[0].outputs[0].token_ids
+    assert answer == explicit.generate(prompt, PARAMS)[0].outputs[0].token_ids

@@ -22,3 +22,12 @@ def test_auto_takes_the_cpu_choice(monkeypatch, cpu_choice):
 def test_an_explicit_dtype_is_honoured(dtype):
     config = EngineConfig.from_flat(dtype=dtype)
     assert builder.resolve_dtype(config, None).model.dtype == dtype
+
+
+def test_auto_with_int8_activations_is_float32_even_where_the_cpu_picks_bf16(monkeypatch):
+    """`--int4-activations int8` is linear_w4a8's fp32 path: `auto` must not pick a
+    16-bit dtype the config then refuses (it did on AVX512_BF16 CPUs: a start-up error)."""
+    monkeypatch.setattr(builder, "choose_dtype", lambda *a: DtypeChoice("bfloat16", "this CPU's choice"))
+    config = EngineConfig.from_flat(dtype="auto", int4_activations="int8")
+    assert builder.resolve_dtype(config, None).model.dtype == "float32"
+    assert builder.dtype_for(config, None).reason.startswith("auto with --int4-activations int8")
