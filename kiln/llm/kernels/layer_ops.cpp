@@ -19,6 +19,9 @@
 
 #include "kernels.h"
 #include "simd.h"
+#if KILN_AVX512_BF16
+#include "simd512.h"
+#endif
 
 namespace {
 
@@ -171,6 +174,25 @@ inline __m256 gelu_tanh8(__m256 g) {
   return _mm256_mul_ps(g, sigmoid8(_mm256_add_ps(z, z)));
 }
 
+#if KILN_AVX512_BF16
+// The eight-lane activations above in sixteen lanes (the avx512_bf16 build),
+// operation for operation, so every value is bit-identical to theirs.
+inline __m512 sigmoid16(__m512 u) {
+  const __m512 e = kiln_simd512::exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(u)));
+  const __mmask16 negative = _mm512_movepi32_mask(_mm512_castps_si512(u));  // blendv's sign-bit choice
+  const __m512 num = _mm512_mask_blend_ps(negative, _mm512_set1_ps(1.0f), e);
+  return _mm512_div_ps(num, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+inline __m512 silu16(__m512 g) { return _mm512_mul_ps(g, sigmoid16(g)); }
+
+inline __m512 gelu_tanh16(__m512 g) {
+  const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
+  const __m512 z = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
+  return _mm512_mul_ps(g, sigmoid16(_mm512_add_ps(z, z)));
+}
+#endif
+
 inline float gelu_tanh(float g) {
   return 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
 }
@@ -178,8 +200,8 @@ inline float gelu_tanh(float g) {
 // gate_up [T, 2I] (gate | up) -> act(gate) * up [T, I], act vectorized by Vec,
 // the tail by Scalar. In bf16, act(gate) is rounded before the multiply, as
 // torch's act(gate) * up rounds it.
-template <typename Vec, typename Scalar>
-at::Tensor gated_mul(const at::Tensor& gu_in, const char* name, Vec act8, Scalar act) {
+template <typename Vec16, typename Vec, typename Scalar>
+at::Tensor gated_mul(const at::Tensor& gu_in, const char* name, [[maybe_unused]] Vec16 act16, Vec act8, Scalar act) {
   const at::Tensor gu = gu_in.contiguous();
   check_rows(gu, name);
   const int64_t T = gu.size(0), I = gu.size(1) / 2;
@@ -193,6 +215,11 @@ at::Tensor gated_mul(const at::Tensor& gu_in, const char* name, Vec act8, Scalar
         const X *g = gp + t * 2 * I, *u = g + I;
         X* o = op + t * I;
         int64_t i = 0;
+#if KILN_AVX512_BF16
+        namespace v16 = kiln_simd512;
+        for (; i + 16 <= I; i += 16)
+          v16::store16(o + i, _mm512_mul_ps(v16::round_as<X>(act16(v16::load16(g + i))), v16::load16(u + i)));
+#endif
         for (; i + 8 <= I; i += 8) store8f(o + i, _mm256_mul_ps(round_as<X>(act8(load8(g + i))), load8(u + i)));
         for (; i < I; ++i) o[i] = static_cast<X>(round_as<X>(act(static_cast<float>(g[i]))) * static_cast<float>(u[i]));
       }
@@ -202,10 +229,17 @@ at::Tensor gated_mul(const at::Tensor& gu_in, const char* name, Vec act8, Scalar
 }
 
 // gate_up [T, 2I] (gate | up) -> silu(gate) * up [T, I].
-at::Tensor silu_mul(const at::Tensor& gu) { return gated_mul(gu, "silu_mul", silu8, silu); }
+#if KILN_AVX512_BF16
+#define KILN_ACT16(f) f##16
+#else
+#define KILN_ACT16(f) nullptr  // the avx2 build has no sixteen-lane loop
+#endif
+at::Tensor silu_mul(const at::Tensor& gu) { return gated_mul(gu, "silu_mul", KILN_ACT16(silu), silu8, silu); }
 
 // gate_up [T, 2I] (gate | up) -> gelu_tanh(gate) * up [T, I] (Gemma's GeGLU).
-at::Tensor gelu_tanh_mul(const at::Tensor& gu) { return gated_mul(gu, "gelu_tanh_mul", gelu_tanh8, gelu_tanh); }
+at::Tensor gelu_tanh_mul(const at::Tensor& gu) {
+  return gated_mul(gu, "gelu_tanh_mul", KILN_ACT16(gelu_tanh), gelu_tanh8, gelu_tanh);
+}
 
 }  // namespace
 

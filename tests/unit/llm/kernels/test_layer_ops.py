@@ -137,3 +137,54 @@ def test_other_dtypes_fall_back():
     cos = torch.ones(2, 1, 8, dtype=torch.float16)
     assert not ops.rotary_(q, q.clone(), cos, cos)
     assert not ops.rotary_(q.bfloat16(), q.bfloat16(), cos, cos)  # fp16 tables
+
+
+WIDTH_PROBE = """
+import io, sys, torch
+from kiln.llm.kernels import ops
+assert ops.kernels_loaded()
+g = torch.Generator().manual_seed(0)
+out = {"library": ops.loaded_library()}
+for dt in (torch.float32, torch.bfloat16):
+    gu = (torch.randn(7, 2 * 1549, generator=g) * 6).to(dt)  # 1549: sixteen-, eight-lane and scalar parts
+    gu[0, :8] = torch.tensor([float("nan"), -0.0, 0.0, -200.0, 200.0, 1e-39, -1e-39, float("inf")]).to(dt)
+    out[f"silu {dt}"] = torch.ops.kiln.silu_mul(gu)
+    out[f"gelu {dt}"] = torch.ops.kiln.gelu_tanh_mul(gu)
+buffer = io.BytesIO()
+torch.save(out, buffer)
+sys.stdout.buffer.write(buffer.getvalue())
+"""
+
+
+def _gated_outputs(env_isa):
+    import io
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("KILN_ISA", "KILN_KERNELS")}
+    if env_isa:
+        env["KILN_ISA"] = env_isa
+    done = subprocess.run([sys.executable, "-c", WIDTH_PROBE], env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    return torch.load(io.BytesIO(done.stdout))
+
+
+def _needs_both_builds():
+    from kiln.llm.kernels import isa
+    from kiln.llm.kernels.build import BUILDS
+
+    return (not all(b.library.exists() for b in BUILDS.values()) or not isa.cpu_isa().at_least("avx512_bf16")
+            or isa.cpu_isa().forced)
+
+
+@pytest.mark.skipif(_needs_both_builds(), reason="needs an AVX512_BF16 CPU, both kernel builds and no KILN_ISA")
+def test_sixteen_lane_activations_equal_the_avx2_builds_bit_for_bit():
+    """The avx512_bf16 build runs SiLU / GELU-tanh gating sixteen lanes at a time, the avx2 build eight:
+    the same operations lane for lane, so every value (NaN, signed zeros, denormals, saturated exp and
+    the scalar tail included) is the same bits. Fresh processes: a process loads one build for good."""
+    wide, narrow = _gated_outputs(None), _gated_outputs("avx2")
+    assert (wide.pop("library"), narrow.pop("library")) == ("avx512_bf16", "avx2")
+    for name, values in wide.items():
+        bits = torch.int32 if values.dtype == torch.float32 else torch.int16
+        assert torch.equal(values.view(bits), narrow[name].view(bits)), name
