@@ -3,7 +3,10 @@
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
+#include <span>
 #include <type_traits>
+
+#include "simd.h"
 
 namespace kiln_simd512 {
 
@@ -23,19 +26,15 @@ inline float reduce16(__m512 v) {
 // (the same polynomial, the same integer rounding), so a value comes out
 // bit-identical whichever width computed it.
 
-// kiln_simd::exp_nonpositive.
+// kiln_simd::exp_nonpositive (its constants, its order of operations).
 inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+  using namespace kiln_simd::exp_poly;
+  x = _mm512_max_ps(x, _mm512_set1_ps(kLowest));
+  const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),
                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Hi), x));
+  __m512 y = _mm512_set1_ps(kHorner[0]);
+  for (const float c : std::span(kHorner).subspan(1)) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(c));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
   const __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
