@@ -20,9 +20,9 @@ namespace kiln_int4 {
 // .to(bfloat16)) for every value but fp32 denormals, which the convert reads
 // as zero: a widened weight is never one with fp16 parameters, and vdpbf16ps
 // reads a bf16 denormal as zero either way. The lookup costs three shuffles
-// per 32 weights where converting each code costs nine instructions
-// (shift, mask, int->float, FMA per 16, one rounding per 32), and it made the
-// one-row kernel compute-bound at ~11 G weights/s per core on Zen 4.
+// per 32 weights where converting each code cost nine instructions (shift,
+// mask, int->float, FMA per 16, one rounding per 32), which held the one-row
+// kernel at ~11 G weights/s per core on Zen 4 (16 with the lookup).
 struct Int4ToBf16 {
   // A run of 64 weights is eight 32-bit words, weight 8s + j in nibble s of
   // word j (int4_widen.h), so weight 32h + e of the run (half h, e < 32) is

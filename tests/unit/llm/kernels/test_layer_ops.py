@@ -7,12 +7,17 @@ bf16: fp32 arithmetic inside, rounded where torch's bf16 reference rounds,
 so outputs are equal to it but for a rare one-step (2^-7 relative)
 difference where those fp32 discrepancies straddle a rounding boundary.
 """
+import io
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.llm.kernels import ops
-from kiln.llm.kernels.build import cpu_supported
+from kiln.llm.kernels import isa, ops
+from kiln.llm.kernels.build import BUILDS, cpu_supported
 from kiln.llm.layers.norm import RMSNorm, reference_rms_norm
 from kiln.llm.layers.rotary import RotaryEmbedding, _rotate
 
@@ -157,11 +162,6 @@ sys.stdout.buffer.write(buffer.getvalue())
 
 
 def _gated_outputs(env_isa):
-    import io
-    import os
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k not in ("KILN_ISA", "KILN_KERNELS")}
     if env_isa:
         env["KILN_ISA"] = env_isa
@@ -170,15 +170,12 @@ def _gated_outputs(env_isa):
     return torch.load(io.BytesIO(done.stdout))
 
 
-def _needs_both_builds():
-    from kiln.llm.kernels import isa
-    from kiln.llm.kernels.build import BUILDS
-
+def _both_builds_unavailable():
     return (not all(b.library.exists() for b in BUILDS.values()) or not isa.cpu_isa().at_least("avx512_bf16")
             or isa.cpu_isa().forced)
 
 
-@pytest.mark.skipif(_needs_both_builds(), reason="needs an AVX512_BF16 CPU, both kernel builds and no KILN_ISA")
+@pytest.mark.skipif(_both_builds_unavailable(), reason="needs an AVX512_BF16 CPU, both kernel builds and no KILN_ISA")
 def test_sixteen_lane_activations_equal_the_avx2_builds_bit_for_bit():
     """The avx512_bf16 build runs SiLU / GELU-tanh gating sixteen lanes at a time, the avx2 build eight:
     the same operations lane for lane, so every value (NaN, signed zeros, denormals, saturated exp and
