@@ -108,23 +108,24 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at
 }
 
 // Rotate-half RoPE in place on x [T, H, D] of T (rows may be strided views of
-// a fused qkv output); cos, sin [T, D/2] fp32 contiguous. fp32 arithmetic,
-// one rounding on store (the reference rotates x.float(), then casts back).
-template <typename T>
-void rotate_rows(at::Tensor& x, const float* cp, const float* sp, int64_t half) {
+// a fused qkv output); cos, sin [T, D/2] of C (fp32, or a bf16 model's bf16
+// tables, widened exactly as torch's type promotion does) contiguous. fp32
+// arithmetic, one rounding on store (the reference rotates x.float(), then casts back).
+template <typename T, typename C>
+void rotate_rows(at::Tensor& x, const C* cp, const C* sp, int64_t half) {
   const int64_t tokens = x.size(0), H = x.size(1);
   const int64_t st = x.stride(0), sh = x.stride(1);
   T* xp = x.mutable_data_ptr<T>();
   at::parallel_for(0, tokens, 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const float *c = cp + t * half, *s = sp + t * half;
+      const C *c = cp + t * half, *s = sp + t * half;
       for (int64_t h = 0; h < H; ++h) {
         T* a = xp + t * st + h * sh;
         T* b = a + half;
         int64_t i = 0;
         for (; i + 8 <= half; i += 8) {
           const __m256 va = load8(a + i), vb = load8(b + i);
-          const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
+          const __m256 vc = load8(c + i), vs = load8(s + i);
           store8f(a + i, _mm256_sub_ps(_mm256_mul_ps(va, vc), _mm256_mul_ps(vb, vs)));
           store8f(b + i, _mm256_add_ps(_mm256_mul_ps(vb, vc), _mm256_mul_ps(va, vs)));
         }
@@ -146,12 +147,16 @@ void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos_in, const at::Ten
               "rotary_: fp32 or bf16 q and k with unit inner stride required");
   const int64_t T = q.size(0), half = q.size(2) / 2;
   TORCH_CHECK(cos_in.is_floating_point() && sin_in.is_floating_point(), "rotary_: float tables required");
-  // bf16 tables (a bf16 model's buffers) widen exactly to fp32, as torch's type promotion does.
-  const at::Tensor c = cos_in.reshape({T, half}).to(at::kFloat).contiguous();
-  const at::Tensor s = sin_in.reshape({T, half}).to(at::kFloat).contiguous();
+  // A bf16 model's bf16 tables are read as they are; any other float tables as fp32.
+  const bool bf16_tables = cos_in.scalar_type() == at::kBFloat16 && sin_in.scalar_type() == at::kBFloat16;
+  const at::ScalarType table_dtype = bf16_tables ? at::kBFloat16 : at::kFloat;
+  const at::Tensor c = cos_in.reshape({T, half}).to(table_dtype).contiguous();
+  const at::Tensor s = sin_in.reshape({T, half}).to(table_dtype).contiguous();
   by_dtype(q, [&]<typename X>() {
-    rotate_rows<X>(q, c.const_data_ptr<float>(), s.const_data_ptr<float>(), half);
-    rotate_rows<X>(k, c.const_data_ptr<float>(), s.const_data_ptr<float>(), half);
+    by_dtype(c, [&]<typename C>() {
+      rotate_rows<X>(q, c.const_data_ptr<C>(), s.const_data_ptr<C>(), half);
+      rotate_rows<X>(k, c.const_data_ptr<C>(), s.const_data_ptr<C>(), half);
+    });
   });
 }
 

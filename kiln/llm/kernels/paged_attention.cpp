@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -153,32 +154,80 @@ AttendFn<KV> attend_for_group(int group, int64_t D, std::integer_sequence<int, G
   return fn;
 }
 
-template <typename KV>
+// A sequence's query row widened to fp32 (Q = fp32: read in place), and
+// where its outputs go before rounding to Q (Q = fp32: written in place).
+template <typename Q>
+struct QueryRows {
+  const Q* q;
+  Q* out;
+  int64_t q_stride, HD;
+
+  const float* widened(int64_t b, std::vector<float>& buf) const {
+    if constexpr (std::is_same_v<Q, float>) {
+      return q + b * q_stride;
+    } else {
+      buf.resize(HD);  // 16-bit queries widen exactly
+      for (int64_t i = 0; i < HD; ++i) buf[i] = static_cast<float>(q[b * q_stride + i]);
+      return buf.data();
+    }
+  }
+  float* staging(int64_t b, std::vector<float>& buf) const {
+    if constexpr (std::is_same_v<Q, float>) {
+      return out + b * HD;
+    } else {
+      buf.resize(HD);
+      return buf.data();
+    }
+  }
+  // Outputs [lo, hi) of sequence b rounded once to Q, as SDPA in 16 bits rounds its output.
+  void store(int64_t b, const std::vector<float>& buf, int64_t lo, int64_t hi) const {
+    if constexpr (!std::is_same_v<Q, float>)
+      for (int64_t i = lo; i < hi; ++i) out[b * HD + i] = static_cast<Q>(buf[i]);
+  }
+};
+
+template <typename KV, typename Q>
 void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& tables,
                 const at::Tensor& lens, int64_t block_size, float scale, int64_t window, float softcap,
                 at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pool.size(1), W = tables.size(1);
+  const int64_t group = H / KVH;
   const AttendFn<KV> attend_item =
-      attend_for_group<KV>(H / KVH, D, std::make_integer_sequence<int, kMaxGroup>{});
-  const float* qp = q.const_data_ptr<float>();
+      attend_for_group<KV>(group, D, std::make_integer_sequence<int, kMaxGroup>{});
+  const QueryRows<Q> rows{q.const_data_ptr<Q>(), out.mutable_data_ptr<Q>(), q.stride(0), H * D};
   const KV* kp = k_pool.const_data_ptr<KV>();
   const KV* vp = v_pool.const_data_ptr<KV>();
   const int64_t* tp = tables.const_data_ptr<int64_t>();
   const int64_t* lp = lens.const_data_ptr<int64_t>();
-  float* op = out.mutable_data_ptr<float>();
   // A work item is one sequence with all its kv heads. With fewer sequences
   // than threads, items are (sequence, kv head) instead.
   const bool per_head = B < at::get_num_threads();
   const int64_t items = per_head ? B * KVH : B;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, q32, out32;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = per_head ? i / KVH : i, g0 = per_head ? i % KVH : 0, g1 = per_head ? g0 + 1 : KVH;
       const int64_t first = window > 0 ? std::max<int64_t>(lp[b] - window, 0) : 0;
-      attend_item(qp + b * H * D, kp, vp, tp + b * W, first, lp[b], block_size, KVH, D, g0, g1, scale, softcap,
-                  scores, op + b * H * D);
+      attend_item(rows.widened(b, q32), kp, vp, tp + b * W, first, lp[b], block_size, KVH, D, g0, g1, scale,
+                  softcap, scores, rows.staging(b, out32));
+      rows.store(b, out32, g0 * group * D, g1 * group * D);
     }
   });
+}
+
+template <typename KV>
+void attend_any_query(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                      const at::Tensor& tables, const at::Tensor& lens, int64_t block_size, float scale,
+                      int64_t window, float softcap, at::Tensor& out) {
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      attend_all<KV, float>(q, k_pool, v_pool, tables, lens, block_size, scale, window, softcap, out);
+      break;
+    case at::kBFloat16:
+      attend_all<KV, at::BFloat16>(q, k_pool, v_pool, tables, lens, block_size, scale, window, softcap, out);
+      break;
+    default: attend_all<KV, at::Half>(q, k_pool, v_pool, tables, lens, block_size, scale, window, softcap, out);
+  }
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
@@ -191,7 +240,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   TORCH_CHECK(v_pool.scalar_type() == k_pool.scalar_type(), "paged_decode_attention: one pool dtype");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "paged_decode_attention: contiguous pool required");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong, "int64 tables");
-  const at::Tensor q = q_in.to(at::kFloat).contiguous();  // 16-bit queries widen exactly
+  // Heads of a row contiguous (a narrow of a fused qkv output is: its rows are strided).
+  const at::Tensor q = q_in.stride(2) == 1 && q_in.stride(1) == q_in.size(2) ? q_in : q_in.contiguous();
   const at::Tensor tables = block_tables.contiguous();
   const at::Tensor lens = context_lens.contiguous();
   const int64_t H = q.size(1), D = q.size(2), KVH = k_pool.size(1);
@@ -201,16 +251,18 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   TORCH_CHECK(window >= 0 && softcap >= 0, "paged_decode_attention: window and softcap must be >= 0 (0: off)");
   const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
   switch (k_pool.scalar_type()) {
-    case at::kFloat: attend_all<float>(q, k_pool, v_pool, tables, lens, block_size, fscale, window, fcap, out); break;
+    case at::kFloat:
+      attend_any_query<float>(q, k_pool, v_pool, tables, lens, block_size, fscale, window, fcap, out);
+      break;
     case at::kHalf:
-      attend_all<at::Half>(q, k_pool, v_pool, tables, lens, block_size, fscale, window, fcap, out);
+      attend_any_query<at::Half>(q, k_pool, v_pool, tables, lens, block_size, fscale, window, fcap, out);
       break;
     case at::kBFloat16:
-      attend_all<at::BFloat16>(q, k_pool, v_pool, tables, lens, block_size, fscale, window, fcap, out);
+      attend_any_query<at::BFloat16>(q, k_pool, v_pool, tables, lens, block_size, fscale, window, fcap, out);
       break;
     default: TORCH_CHECK(false, "paged_decode_attention: pool must be float32, float16 or bfloat16");
   }
-  return q_dtype == at::kFloat ? out : out.to(q_dtype);  // rounded once, as SDPA in 16 bits rounds its output
+  return out;
 }
 
 }  // namespace

@@ -58,10 +58,11 @@ def test_16_bit_pools_match_the_reference_on_the_widened_pool(pool_dtype, heads,
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16_bit_queries_give_the_fp32_result_rounded_once(dtype):
+@pytest.mark.parametrize("batch", [7, 1])  # 1: fewer sequences than threads, work split by kv head
+def test_16_bit_queries_give_the_fp32_result_rounded_once(dtype, batch):
     # A 16-bit model's queries widen exactly; the output is rounded once, as
     # the torch path's SDPA in that dtype rounds its output.
-    q, k_pool, v_pool, tables, lens = random_case(6, batch=7, heads=9, kv_heads=3, head_dim=64, max_len=300)
+    q, k_pool, v_pool, tables, lens = random_case(6, batch=batch, heads=9, kv_heads=3, head_dim=64, max_len=300)
     q16, k16, v16 = q.to(dtype), k_pool.to(dtype), v_pool.to(dtype)
     out = ops.paged_decode_attention(q16, k16, v16, tables, lens, BLOCK)
     assert out is not None and out.dtype == dtype
@@ -71,6 +72,19 @@ def test_16_bit_queries_give_the_fp32_result_rounded_once(dtype):
     assert ((out.float() - exact).abs() <= exact.abs() * half_step + 1e-5).all()
     # SDPA in the 16-bit dtype (the torch path) rounds intermediates too: further off
     torch.testing.assert_close(out, reference(q16, k16, v16, tables, lens), rtol=0, atol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_queries_read_in_place_from_a_fused_qkv_row(dtype):
+    # The decode layer passes q as a narrow of its qkv projection (rows strided):
+    # read in place, the same result as from a contiguous copy.
+    q, k_pool, v_pool, tables, lens = random_case(8, batch=5, heads=9, kv_heads=3, head_dim=64, max_len=100)
+    qkv = torch.cat([q.reshape(5, -1), torch.randn(5, 2 * 3 * 64)], dim=1).to(dtype)
+    view = qkv.narrow(1, 0, 9 * 64).view(5, 9, 64)
+    assert not view.is_contiguous()
+    k, v = k_pool.to(dtype), v_pool.to(dtype)
+    out = ops.paged_decode_attention(view, k, v, tables, lens, BLOCK)
+    assert torch.equal(out, ops.paged_decode_attention(view.contiguous(), k, v, tables, lens, BLOCK))
 
 
 def test_single_token_context_and_block_boundaries():
