@@ -301,6 +301,16 @@ def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: tor
     return True
 
 
+def row_argmax(logits: torch.Tensor) -> torch.Tensor | None:
+    """Index of each row's largest value in fp32/bf16 CPU logits [M, V] with Kiln's
+    kernel (row_argmax.cpp: argmax(dim=-1)'s answer, the first among equals, a NaN
+    counting as largest), or None where it does not apply (library absent, not CPU)."""
+    if (logits.dim() != 2 or logits.device.type != "cpu" or logits.dtype not in ELEMENTWISE_DTYPES
+            or logits.shape[1] == 0 or not kernels_loaded()):
+        return None
+    return torch.ops.kiln.row_argmax(logits)
+
+
 def _cuda_layers(x: torch.Tensor):
     """kiln.llm.kernels.triton_layers for a CUDA tensor (Triton installed,
     KILN_KERNELS not 0), else None."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln.llm.kernels import ops
 from kiln.llm.request import Request
 from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.penalties import apply_penalties, apply_top_k_top_p_min_p
@@ -28,9 +29,11 @@ from kiln.llm.structured.masks import StepMasks
 
 def row_argmax(logits: torch.Tensor) -> torch.Tensor:
     """Index of each row's maximum, the first among equals (NaN counts as the
-    maximum), as `argmax(dim=-1)`; through `max`, which gives the same index
-    and on CPU is 4x faster over bf16 rows ([64, 49152]: 1.4 vs 5.9 ms, Zen 4)."""
-    return logits.max(dim=-1).indices
+    maximum), as `argmax(dim=-1)`: Kiln's CPU kernel where it applies, else
+    through `max`, which gives the same index and on CPU is 4x faster than
+    argmax over bf16 rows ([64, 49152]: 1.4 vs 5.9 ms, Zen 4)."""
+    indices = ops.row_argmax(logits)
+    return logits.max(dim=-1).indices if indices is None else indices
 
 
 class Sampler:
