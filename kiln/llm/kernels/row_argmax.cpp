@@ -16,13 +16,8 @@
 
 namespace {
 
+using kiln_simd::hmax;
 using kiln_simd::load8;
-
-inline float max_lane(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
 
 template <typename T>
 int64_t first_nan(const T* x, int64_t n) {
@@ -41,7 +36,7 @@ int64_t argmax_of_row(const T* x, int64_t n) {
     unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     vmax = _mm256_max_ps(vmax, v);
   }
-  float largest = max_lane(vmax);
+  float largest = hmax(vmax);
   bool nan = _mm256_movemask_ps(unordered) != 0;
   for (int64_t t = i; t < n; ++t) {
     const float v = static_cast<float>(x[t]);

@@ -18,6 +18,13 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_hadd_ps(s, s));
 }
 
+// The largest of v's eight lanes (max is exact: any order gives the same value).
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
 // exp for x <= 0 (softmax after subtracting the max, sigmoid of -|x|);
 // Cephes-style polynomial, relative error about 2e-7. Its constants are
 // shared with simd512.h's sixteen-lane twin, which must compute alike.
@@ -47,9 +54,7 @@ inline float max_of(const float* s, int64_t n) {
   if (n >= 8) {
     __m256 vm = _mm256_loadu_ps(s);
     for (t = 8; t + 8 <= n; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + t));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    mx = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    mx = hmax(vm);
   }
   for (; t < n; ++t) mx = std::max(mx, s[t]);
   return mx;
