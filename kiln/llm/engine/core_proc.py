@@ -24,6 +24,7 @@ import msgspec
 import torch
 
 from kiln.config import EngineConfig
+from kiln.errors import KilnError
 from kiln.llm.engine.builder import build_engine_core
 from kiln.llm.engine.loop import EngineLoop, Inbox, ready_message
 from kiln.llm.engine.messages import Failed, FromEngine, ToEngine, encoder, to_engine_decoder
@@ -69,7 +70,10 @@ def serve_engine(inbox_conn: Connection, outbox_conn: Connection) -> int:
     except (EOFError, BrokenPipeError):
         return 0  # the API process closed its end: nothing left to do
     except BaseException as e:
-        log.exception("engine failed")
+        if isinstance(e, KilnError):  # a user's error (a config, a model): its message says it all
+            log.error("engine failed: %s", e)
+        else:
+            log.exception("engine failed")
         with contextlib.suppress(OSError):
             send(Failed(f"{type(e).__name__}: {e}"))
         return 1
