@@ -191,7 +191,7 @@ def kiln_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
     llm = LLM(
         args.model,
         dtype=dtype,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        **({} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}),
         max_num_seqs=args.max_num_seqs,
         kv_cache_memory_gib=args.kv_gib,
         kv_cache_dtype=args.kiln_kv_cache_dtype,
@@ -445,8 +445,7 @@ def make_server(args, name: str, dtype: str, out_dir: Path) -> Server:
             str(args.kv_gib),
             "--max-num-seqs",
             str(args.max_num_seqs),
-            "--max-num-batched-tokens",
-            str(args.max_num_batched_tokens),
+            *([] if args.max_num_batched_tokens is None else ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]),
             "--log-level",
             "warning",
             "--kv-cache-dtype",
@@ -817,7 +816,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--slo-ttft-ms", type=float, default=2000)
     ap.add_argument("--slo-tpot-ms", type=float, default=200)
     ap.add_argument("--prefix-caching", action="store_true", help="leave prefix caching on in the servers")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="Kiln's step token budget (default: Kiln's own; vLLM always runs its default)")
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--kv-gib", type=float, default=2.0)
     ap.add_argument("--kiln-kv-cache-dtype", default="auto", help="Kiln's KV pool dtype (auto = the model's)")

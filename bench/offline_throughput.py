@@ -38,7 +38,7 @@ def run_kiln(args, items) -> dict:
     llm = LLM(
         args.model,
         dtype=args.dtype,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        **({} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}),
         max_num_seqs=args.max_num_seqs,
         kv_cache_memory_gib=args.kv_gib,
     )
@@ -106,7 +106,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--hf-requests", type=int, default=8, help="requests run through naive HF (0 = skip)")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: LLM's own")
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--kv-gib", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)

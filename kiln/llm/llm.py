@@ -11,12 +11,21 @@ from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
 
+# An offline batch has no one waiting on its next token, so a step may take
+# more prompt tokens than a server's (1024, which bounds the decode stall a
+# prefill causes): SmolLM2's 64-request offline run on a 2-vCPU Zen 4 was
+# faster at 2048 than at 1024 in six of seven alternated pairs (median 3%),
+# 4096 no faster (docs/benchmarks.md, "The offline step budget"). vLLM makes
+# the same split (CPU: 4096 offline, 2048 serving).
+OFFLINE_MAX_NUM_BATCHED_TOKENS = 2048
+
 
 class LLM:
     """Loads a model (default: the installed SmolLM2 GGUF) and generates.
 
     Options are the flat names of EngineConfig fields (dtype, device,
-    block_size, kv_cache_memory_gib, max_num_batched_tokens, ...).
+    block_size, kv_cache_memory_gib, max_num_batched_tokens, ...), with
+    their defaults but max_num_batched_tokens: OFFLINE_MAX_NUM_BATCHED_TOKENS.
     """
 
     def __init__(self, model: str | None = None, checkpoint: Checkpoint | None = None, **options: Any):
@@ -24,6 +33,7 @@ class LLM:
         engines share one read of the files; `model` defaults to its source."""
         if model is None and checkpoint is not None:
             model = checkpoint.source
+        options.setdefault("max_num_batched_tokens", OFFLINE_MAX_NUM_BATCHED_TOKENS)
         self.config = EngineConfig.from_flat(model=model, **options)
         self.engine = LLMEngine(self.config, checkpoint)
         self.tokenizer = self.engine.tokenizer
