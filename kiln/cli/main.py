@@ -86,6 +86,12 @@ def given(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
+def generate_options(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    """`kiln generate`'s engine options: the flags given, the defaults its --help
+    shows for the rest (`LLM` alone would take its larger offline step budget)."""
+    return {"max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens, **given(args, names)}
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
     parser.add_argument(
         "model", nargs="?", default=None, help="HF model directory or .gguf file (default: the installed SmolLM2 GGUF)"
@@ -174,7 +180,7 @@ def run_generate(args: argparse.Namespace, engine_names: list[str]) -> int:
     from kiln.llm.llm import LLM
     from kiln.llm.sampling_params import SamplingParams
 
-    llm = LLM(args.model, **given(args, engine_names))
+    llm = LLM(args.model, **generate_options(args, engine_names))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.sampling_seed)
     with llm:  # stops parallel workers, if any
         if args.chat:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kiln.cli.main import ENGINE_SECTIONS, build_parser, given
-from kiln.config import EngineConfig, ServerConfig
+from kiln.cli.main import ENGINE_SECTIONS, build_parser, generate_options, given
+from kiln.config import EngineConfig, SchedulerConfig, ServerConfig
 
 
 def test_every_engine_and_server_field_is_a_flag():
@@ -48,6 +48,14 @@ def test_generate_and_bench_parse():
     parser, _ = build_parser()
     args = parser.parse_args(["generate", "--prompt", "Hi", "--chat", "--max-tokens", "5"])
     assert (args.prompt, args.chat, args.max_tokens, args.model) == ("Hi", True, 5, None)
+    # generate runs the step budget its --help shows (the server's), not the offline LLM's.
+    parser, names = build_parser()
+    args = parser.parse_args(["generate", "--prompt", "Hi"])
+    assert generate_options(args, names["engine"]) == {
+        "max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens
+    }
+    args = parser.parse_args(["generate", "--prompt", "Hi", "--max-num-batched-tokens", "64", "--block-size", "32"])
+    assert generate_options(args, names["engine"]) == {"max_num_batched_tokens": 64, "block_size": 32}
     args = parser.parse_args(["bench", "serve", "--model", "m", "--request-rate", "2", "--goodput", "ttft:500"])
     assert (args.model, args.request_rate, args.goodput) == ("m", 2.0, ["ttft:500"])
 
