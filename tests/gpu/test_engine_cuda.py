@@ -53,8 +53,9 @@ def test_a_padded_graph_step_matches_the_eager_step(tiny_arch):
     runner = core.runner
     for cache in runner.kv_caches:
         cache.normal_()
-    chunks = [ScheduledChunk(Request(f"r{i}", list(range(1, 40 + 9 * i)), GREEDY), 38 + 9 * i, 1,
-                             list(range(8 * i, 8 * i + 8))) for i in range(5)]
+    # decodes: each request's last token is its one generated token
+    chunks = [ScheduledChunk(Request(f"r{i}", list(range(1, 39 + 9 * i)), GREEDY, output_token_ids=[39 + 9 * i]),
+                             38 + 9 * i, 1, list(range(8 * i, 8 * i + 8))) for i in range(5)]
     before = [c.clone() for c in runner.kv_caches]
     inputs = build_inputs(chunks, 16, runner.device)
     with torch.inference_mode():

@@ -46,8 +46,9 @@ INT4_BF16_DEQUANT_MIN_ROWS = 128
 # Re-tune: bench/decode_step.py (B running requests of mixed context length).
 DECODE_GROUP_SIZE = 16
 
-# New tokens on cached context up to which a chunk is attended row by row with the decodes instead of
-# one prefill call per sequence; covers verification of up to 16 drafts. Re-tune: bench/spec_decode.py.
+# Generated tokens on cached context up to which a chunk is attended row by row with the decodes instead of
+# one prefill call per sequence (a prompt's tail never is: runner/inputs.py is_decode_like); covers verification
+# of up to 16 drafts. Re-tune: bench/spec_decode.py.
 MAX_DECODE_LIKE_TOKENS = 17
 
 # bf16 weights (bench/linear_bf16.py --cpu-time, Zen 4): Kiln's AVX512_BF16 kernel beats oneDNN's packed bf16

@@ -184,7 +184,10 @@ class ParallelRunner:
         for i, c in enumerate(sched.chunks):
             end = c.start + c.num_tokens
             chunks.append(
-                PlanChunk(i, list(c.token_ids()), c.start, c.num_tokens, list(c.block_ids[: cdiv(end, bs)]), c.sample)
+                PlanChunk(
+                    i, list(c.token_ids()), c.start, c.num_tokens, list(c.block_ids[: cdiv(end, bs)]), c.sample,
+                    feeds_prompt=c.feeds_prompt,
+                )
             )
         parts = self.config.parallel.num_micro_batches or self.state.pp_size
         micro = split_micro_batches([c.num_tokens for c in chunks], parts if self.state.pp_size > 1 else 1)

@@ -26,6 +26,7 @@ class PlanChunk(msgspec.Struct, array_like=True):
     block_ids: list[int]
     sample: bool
     draft_token_ids: list[int] = []
+    feeds_prompt: bool = False  # ScheduledChunk.feeds_prompt
 
     def token_ids(self) -> list[int]:
         return self.ids

@@ -26,6 +26,8 @@ class FedChunk(Protocol):
     def draft_token_ids(self) -> list[int]: ...
     @property
     def sample(self) -> bool: ...
+    @property
+    def feeds_prompt(self) -> bool: ...
     def token_ids(self) -> list[int]: ...
 
 
@@ -47,11 +49,15 @@ class ModelInputs(Generic[Chunk]):
 
 
 def is_decode_like(c: FedChunk) -> bool:
-    """A chunk of few new tokens on cached context (a decode, a speculative
-    verification, a short prefill tail) is attended row by row: every row is
-    one query with its own context length, so it batches with the decodes
-    instead of costing one attention call per sequence."""
-    return c.start > 0 and c.num_tokens <= MAX_DECODE_LIKE_TOKENS
+    """A chunk of few generated tokens on cached context (a decode, a
+    speculative verification) is attended row by row: every row is one query
+    with its own context length, so it batches with the decodes instead of
+    costing one attention call per sequence. A prompt's rows are always
+    attended as a prefill, its tail after a prefix-cache hit or chunking
+    included: the prefill kernel gives a row the same bits whatever the chunk
+    (the decode kernel sums a score's products in another order), so a
+    repeated prompt computes what it computed the first time."""
+    return c.start > 0 and not c.feeds_prompt and c.num_tokens <= MAX_DECODE_LIKE_TOKENS
 
 
 

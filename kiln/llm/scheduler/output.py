@@ -29,6 +29,11 @@ class ScheduledChunk:
         return self.start + self.num_tokens == self.request.num_tokens + len(self.draft_token_ids)
 
     @property
+    def feeds_prompt(self) -> bool:
+        """Some of its tokens are the prompt's (a prefill chunk, a prompt's tail after a prefix-cache hit)."""
+        return self.start < self.request.num_prompt_tokens
+
+    @property
     def num_logit_rows(self) -> int:
         """Rows needing logits: 1 per sampled chunk, 1 + drafts if speculative."""
         return (1 + len(self.draft_token_ids)) if self.sample else 0

@@ -49,6 +49,14 @@ def truncated_arch(arch: ModelArch, num_layers: int) -> ModelArch:
     return dataclasses.replace(arch, num_layers=n, layer_windows=windows if any(windows) else (), moe=moe)
 
 
+def mirror(shadow: Request, request: Request) -> None:
+    """The shadow holds the request's verified tokens, its prompt as the prompt
+    and its outputs as outputs (drafts join the outputs): the runner attends a
+    prompt's rows as a prefill and generated ones with the decodes."""
+    shadow.prompt_token_ids = list(request.prompt_token_ids)
+    shadow.output_token_ids = list(request.output_token_ids)
+
+
 class DraftModelProposer(Proposer):
     def __init__(
         self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device, sampler: Sampler,
@@ -87,7 +95,7 @@ class DraftModelProposer(Proposer):
             rows = [as_if_output(requests[i], drafts[i]) for i in active]
             for _j, (i, token, p) in enumerate(zip(active, *self._choose(logits, rows), strict=False)):
                 drafts[i].append(token)
-                self.shadows[requests[i].request_id].prompt_token_ids.append(token)
+                self.shadows[requests[i].request_id].output_token_ids.append(token)
                 if p is not None:
                     probs[i].append(p)
         for i in probs:
@@ -105,7 +113,7 @@ class DraftModelProposer(Proposer):
         if shadow is None:
             shadow = Request(request.request_id, [], request.sampling_params)
             self.shadows[request.request_id] = shadow
-        shadow.prompt_token_ids = request.all_token_ids
+        mirror(shadow, request)
         need = shadow.num_tokens - shadow.num_computed_tokens + k - 1
         if not self.kv.can_allocate(shadow, need):
             return False
@@ -140,6 +148,6 @@ class DraftModelProposer(Proposer):
     def _settle(self, request: Request) -> None:
         """Drafts leave the shadow: only verified tokens keep draft KV."""
         shadow = self.shadows[request.request_id]
-        shadow.prompt_token_ids = request.all_token_ids
+        mirror(shadow, request)
         shadow.num_computed_tokens = shadow.num_tokens
         self.kv.rollback(shadow)

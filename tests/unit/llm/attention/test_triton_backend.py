@@ -21,10 +21,13 @@ HEADS, KV_HEADS, HEAD_DIM, NUM_BLOCKS = 8, 2, 32, 48
 def mixed_step(block_size, generator):
     order = iter(torch.randperm(NUM_BLOCKS, generator=generator).tolist())
     chunks = []
-    # (tokens so far, start, count): decodes, a decode-like chunk, a prefix hit, a fresh prompt
-    for i, (total, start, count) in enumerate([(130, 129, 1), (7, 6, 1), (300, 299, 1), (45, 42, 3),
-                                               (88, 48, 40), (70, 0, 70)]):
-        request = Request(f"r{i}", list(range(total)), SamplingParams())
+    # (tokens so far, prompt tokens, start, count): decodes, a decode-like chunk, a prefix hit, a
+    # prompt's short tail after a prefix hit (a prefill), a fresh prompt
+    for i, (total, prompt, start, count) in enumerate([(130, 129, 129, 1), (7, 6, 6, 1), (300, 299, 299, 1),
+                                                       (45, 42, 42, 3), (88, 88, 48, 40), (40, 40, 35, 5),
+                                                       (70, 70, 0, 70)]):
+        tokens = list(range(total))
+        request = Request(f"r{i}", tokens[:prompt], SamplingParams(), output_token_ids=tokens[prompt:])
         blocks = [next(order) for _ in range(-(-total // block_size))]
         chunks.append(ScheduledChunk(request, start, count, blocks))
     return chunks
@@ -64,7 +67,7 @@ def test_the_plan_is_built_once_per_step():
     first = backend.forward(*args, pool, inputs.meta)
     plan = inputs.meta.kernel_plan
     assert plan.num_decodes == 6 and plan.decode.block_tables.shape[0] == 6
-    assert plan.prefill.max_q_len == 70 and plan.prefill.prefix_lens.tolist() == [48, 0]
+    assert plan.prefill.max_q_len == 70 and plan.prefill.prefix_lens.tolist() == [48, 35, 0]  # the tail: a prefill
     second = backend.forward(*args, pool, inputs.meta)  # layer 2: same plan object, same result
     assert inputs.meta.kernel_plan is plan and torch.equal(first, second)
 

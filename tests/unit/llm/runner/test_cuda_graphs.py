@@ -18,7 +18,10 @@ CPU = torch.device("cpu")
 
 
 def chunk(i, total, start, count, first_block, draft=()):
-    request = Request(f"r{i}", list(range(3, 3 + total)), SamplingParams())
+    """Tokens from `start` on are generated ones (a decode's, a verification's), none when start is 0."""
+    tokens = list(range(3, 3 + total))
+    prompt = start or total
+    request = Request(f"r{i}", tokens[:prompt], SamplingParams(), output_token_ids=tokens[prompt:])
     blocks = list(range(first_block, first_block + -(-(total + len(draft)) // BLOCK)))
     return ScheduledChunk(request, start, count, blocks, list(draft))
 

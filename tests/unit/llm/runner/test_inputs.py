@@ -1,0 +1,49 @@
+"""build_inputs: which rows are attended with the decodes and which as prefills."""
+import torch
+
+from kiln.llm.parallel.plan import PlanChunk
+from kiln.llm.request import Request
+from kiln.llm.runner.inputs import build_inputs, is_decode_like
+from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.scheduler.output import ScheduledChunk
+
+CPU = torch.device("cpu")
+
+
+def request(prompt: int, generated: int) -> Request:
+    return Request("r", list(range(prompt)), SamplingParams(), output_token_ids=list(range(prompt, prompt + generated)))
+
+
+def test_generated_tokens_on_cached_context_are_decode_rows():
+    decode = ScheduledChunk(request(40, 1), 40, 1, [0, 1, 2])
+    verify = ScheduledChunk(request(40, 3), 42, 3, [3, 4, 5], draft_token_ids=[7, 8])
+    assert is_decode_like(decode) and is_decode_like(verify)
+    meta = build_inputs([decode, verify], 16, CPU).meta
+    assert meta.num_decodes == 4 and not meta.prefills
+    assert [g.context_lens.tolist() for g in meta.decode_groups] == [[41, 43, 44, 45]]
+
+
+def test_a_prompts_tail_after_a_prefix_hit_is_a_prefill():
+    """However few its tokens: the prefill kernel gives the prompt's rows the
+    bits a prefill of the whole prompt gives them."""
+    tail = ScheduledChunk(request(37, 0), 32, 5, [0, 1, 2])
+    decode = ScheduledChunk(request(20, 1), 20, 1, [3, 4])
+    assert tail.feeds_prompt and not is_decode_like(tail) and not decode.feeds_prompt
+    meta = build_inputs([tail, decode], 16, CPU).meta
+    assert meta.num_decodes == 1
+    [prefill] = meta.prefills
+    assert (prefill.q_start, prefill.q_len, prefill.ctx_len) == (1, 5, 37)
+    assert prefill.block_table.tolist() == [0, 1, 2]
+
+
+def test_a_chunk_reaching_past_the_prompt_counts_as_the_prompts():
+    resumed = ScheduledChunk(request(30, 4), 28, 6, [0, 1, 2])  # prompt's last 2 tokens, then generated ones
+    assert resumed.feeds_prompt and not is_decode_like(resumed)
+
+
+def test_parallel_plans_carry_the_prompt_flag():
+    tail = PlanChunk(0, [1, 2, 3], 32, 3, [0, 1, 2], True, feeds_prompt=True)
+    decode = PlanChunk(1, [4], 40, 1, [3, 4, 5], True)
+    assert not is_decode_like(tail) and is_decode_like(decode)
+    meta = build_inputs([tail, decode], 16, CPU).meta
+    assert meta.num_decodes == 1 and [p.q_len for p in meta.prefills] == [3]
