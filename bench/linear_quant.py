@@ -11,6 +11,9 @@ the kernels interleaved so machine noise hits them alike:
     int8-vnni   Kiln's linear_w8a8 (avx512_bf16 build): activations quantized
                 per row to int8, AVX512_VNNI dot products
     int4        Kiln's linear_w4: int4 groups of 32, fp16 scale/min, fp32 activations
+    int4-bf16   Kiln's linear_w4_bf16 (avx512_bf16 build): the same weights widened
+                to bf16 in registers (tiles above 8 rows), bf16 activations, as a
+                bf16 model's kept int4 projections run
     int4-a8     Kiln's linear_w4a8: the same weights, activations quantized per
                 row to int8 in groups of 32, AVX2 integer dot products
     int4-torch  torch's _weight_int4pack_mm_for_cpu (bf16 activations)
@@ -72,6 +75,9 @@ def formats(ws: list[torch.Tensor]) -> dict[str, tuple[list, callable, torch.dty
         "int4-a8": (int4, lambda x, m: torch.ops.kiln.linear_w4a8(x, m.codes, m.scale_min, GROUP), torch.float32),
         "int4-torch": (int4_torch, lambda x, m: m(x), torch.bfloat16),
     }
+    if ops.bf16_dot_products():
+        found["int4-bf16"] = (int4, lambda x, m: torch.ops.kiln.linear_w4_bf16(x, m.codes, m.scale_min, GROUP),
+                              torch.bfloat16)
     if ops.vnni_int8():
         found["int8-vnni"] = (int8, lambda x, m: torch.ops.kiln.linear_w8a8(x, m.weight_int8, m.scales_f32),
                               torch.float32)

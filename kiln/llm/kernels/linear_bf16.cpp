@@ -22,6 +22,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "int4_widen.h"
@@ -123,15 +124,17 @@ at::Tensor linear_bf16(const at::Tensor& x_in, const at::Tensor& w) {
 // int4 group weights against at most kNarrowMaxRows bf16 x rows (decode):
 // each run of 64 weights of a row is widened in registers (Int4ToBf16) and
 // goes straight into the dot products, so the weights leave memory as
-// nibbles once and never return as bf16. Per output the chain is
-// Bf16DotProblem's (vdpbf16ps along K in runs of 32, then reduce16), so the
-// bits equal linear_bf16 on the widened weight and run_w4_bf16's tiles below
-// at any M: a bf16 model's int4 projection gives a row the same result in a
-// decode step, a prompt's cached tail or a batch.
+// nibbles once and never return as bf16. x is taken in run order, the order
+// the codes lie in (Int4ToBf16); per output the chain is Bf16DotProblem's
+// (vdpbf16ps along K in runs of 32, then reduce16) over K in that order, so
+// the bits equal linear_bf16 on x and the widened weight with K in run order,
+// and run_w4_bf16's tiles below at any M: a bf16 model's int4 projection gives
+// a row the same result in a decode step, a prompt's cached tail or a batch.
 template <typename P>
 struct Int4Bf16Problem {
   static constexpr int kWideRows = 4, kWideCols = 4, kSingleRowCols = KILN_W4_BF16_SINGLE_ROW_COLS;
-  const uint16_t* x;  // bf16 bits [M, K]
+  const Int4ToBf16& widen;
+  const uint16_t* x;  // bf16 bits [M, K], each run of 64 in run order (Int4ToBf16)
   const uint8_t* codes;
   const P* scale_min;
   c10::BFloat16* y;
@@ -144,29 +147,25 @@ struct Int4Bf16Problem {
   void micro(int64_t m0, int64_t n0) const {
     const uint16_t* __restrict xr = x + m0 * K;
     const int64_t row_stride = K / 2, groups = K / G;
-    const Int4ToBf16 widen;
     __m512 acc[MR][NR];
     for (int m = 0; m < MR; ++m)
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < K; b += 64) {
+    kiln_int4::RunGroups run_groups(G);
+    for (int64_t b = 0; b < K; run_groups.next_run(b += 64)) {
       const uint8_t* run = codes + n0 * row_stride + b / 2;
       if (b % 128 == 0)  // one cache line of each of the next rows (as Int4Problem)
         for (int n = 0; n < NR; ++n)
           _mm_prefetch(reinterpret_cast<const char*>(run + (kPrefetchPasses * NR + n) * row_stride), _MM_HINT_T0);
-      const bool split = b / G != (b + 32) / G;
-      __m512i words[NR], table[NR][2];
-      for (int n = 0; n < NR; ++n) {
-        words[n] = Int4ToBf16::words(run + n * row_stride);
-        widen.half_tables(scale_min + ((n0 + n) * groups + b / G) * 2, split, table[n]);
-      }
-      for (int h = 0; h < 2; ++h) {
-        __m512bh wv[NR];
-        for (int n = 0; n < NR; ++n) wv[n] = widen.half(words[n], h, table[n][h]);
+      const bool split = run_groups.split(b);
+      __m512bh wv[NR][2];
+      for (int n = 0; n < NR; ++n)
+        widen.widen(run + n * row_stride, widen.table(scale_min + ((n0 + n) * groups + run_groups.group) * 2, split),
+                    wv[n]);
+      for (int h = 0; h < 2; ++h)
         for (int m = 0; m < MR; ++m) {
           const __m512bh xv = load32(xr + m * K + b + 32 * h);
-          for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv, wv[n]);
+          for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv, wv[n][h]);
         }
-      }
     }
     for (int m = 0; m < MR; ++m)
       for (int n = 0; n < NR; ++n) y[(m0 + m) * N + n0 + n] = static_cast<c10::BFloat16>(reduce16(acc[m][n]));
@@ -176,29 +175,50 @@ struct Int4Bf16Problem {
 // int4 group weights (linear_f32.cpp's Int4Problem layout) against bf16 x,
 // for a bf16 model's batches too small to repay widening the whole weight in
 // memory for oneDNN: each tile of weight rows is widened once to bf16 into a
-// per-thread buffer (Int4ToBf16::row: 32 weights per zmm, 4x fewer
-// instructions than widen_row's 8-lane integer rounding, which was 40% of the
-// micro-kernels' time at 64 rows on Zen 4) and every x row runs the
-// micro-kernels above on it, so each output is the chain linear_bf16 computes
-// on the whole widened weight: equal to linear_bf16(x, dequantize_w4(..,
-// bf16=True)) bit for bit, whatever M (tiling as linear_f32.cpp's run_w4_tiles).
+// per-thread buffer in run order (Int4ToBf16::row: 32 weights per zmm, 4x
+// fewer instructions than widen_row's 8-lane integer rounding, which was 40%
+// of the micro-kernels' time at 64 rows on Zen 4) and every x row (in run
+// order too) runs the micro-kernels above on it, so each output is the chain
+// linear_bf16 computes on x and the whole widened weight with K in run order,
+// bit for bit, whatever M (tiling as linear_f32.cpp's run_w4_tiles).
 template <typename P>
-void run_w4_bf16(const uint16_t* x, const uint8_t* codes, const P* scale_min, c10::BFloat16* y, int64_t M,
-                 int64_t K, int64_t N, int64_t G) {
+void run_w4_bf16(const Int4ToBf16& widen, const uint16_t* x, const uint8_t* codes, const P* scale_min,
+                 c10::BFloat16* y, int64_t M, int64_t K, int64_t N, int64_t G) {
   using Dense = Bf16DotProblem<c10::BFloat16>;
   constexpr int WR = Dense::kWideRows, WC = Dense::kWideCols;
   const int64_t tile = std::max<int64_t>(WC, kiln_linear::kWeightTileBytes / (K * 2) / WC * WC);
   const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 2) / WR * WR);
-  const Int4ToBf16 widen;
   kiln_int4::over_widened_tiles<uint16_t>(codes, scale_min, K, N, G, tile, 4 * WC,
                                           [&](const uint8_t* c, const P* p, uint16_t* out, int64_t k, int64_t g) {
-                                            widen.row(c, p, out, k, g);
+                                            widen.run_order_row(c, p, out, k, g);
                                           },
                                           [&](const uint16_t* widened, int64_t t0, int64_t rows) {
     const Dense d{x, widened, y + t0, K, N};  // y's row stride stays N
     for (int64_t m0 = 0; m0 < M; m0 += row_block)
       kiln_linear::Kernels<Dense>::block(d, m0, std::min(M, m0 + row_block), 0, rows);
   });
+}
+
+// Room for x in run order (the order Int4ToBf16 widens the weights in), the
+// calling thread's own, kept between calls (a decode step makes 120 of them)
+// and 64-byte aligned like a tensor's storage: from malloc's 16-byte
+// alignment every other zmm load of x split a cache line, and 32-row calls
+// ran 12% slower.
+uint16_t* run_order_buffer(int64_t n) {
+  struct Buffer {
+    uint16_t* data = nullptr;
+    int64_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer buffer;
+  if (n > buffer.size) {
+    std::free(buffer.data);
+    const int64_t bytes = (n * 2 + 63) / 64 * 64;
+    buffer.data = static_cast<uint16_t*>(std::aligned_alloc(64, bytes));
+    buffer.size = buffer.data != nullptr ? bytes / 2 : 0;
+    TORCH_CHECK(buffer.data != nullptr, "linear_w4_bf16: out of memory");
+  }
+  return buffer.data;
 }
 
 // x bf16 [M, K] @ int4-group weights^T (scale_min fp16 or fp32 [N, K/G, 2]) -> bf16 [M, N].
@@ -208,17 +228,24 @@ at::Tensor linear_w4_bf16(const at::Tensor& x_in, const at::Tensor& codes, const
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.K && x_in.scalar_type() == at::kBFloat16 && x_in.device().is_cpu(),
               "linear_w4_bf16: bf16 CPU x [M, K] required");
   const at::Tensor x = x_in.contiguous();
-  at::Tensor y = at::empty({x.size(0), w.N}, x.options());
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, w.N}, x.options());
+  const Int4ToBf16 widen;
+  uint16_t* x_run = run_order_buffer(M * w.K);
   const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
+  // Threads share the copy at tile sizes (64 rows of K = 1536 take ~10 us on one core).
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) widen.to_run_order(xb + m * w.K, x_run + m * w.K, w.K);
+  });
   w.with_params([&](const auto* params) {
     using Params = std::remove_cv_t<std::remove_pointer_t<decltype(params)>>;
-    if (x.size(0) <= kiln_linear::kNarrowMaxRows) {
-      const Int4Bf16Problem<Params> p{xb, w.codes.const_data_ptr<uint8_t>(), params,
+    if (M <= kiln_linear::kNarrowMaxRows) {
+      const Int4Bf16Problem<Params> p{widen, x_run, w.codes.const_data_ptr<uint8_t>(), params,
                                       y.mutable_data_ptr<c10::BFloat16>(), w.K, w.N, w.G};
-      kiln_linear::Kernels<Int4Bf16Problem<Params>>::run(p, x.size(0));
+      kiln_linear::Kernels<Int4Bf16Problem<Params>>::run(p, M);
     } else {
-      run_w4_bf16(xb, w.codes.const_data_ptr<uint8_t>(), params, y.mutable_data_ptr<c10::BFloat16>(), x.size(0),
-                  w.K, w.N, w.G);
+      run_w4_bf16(widen, x_run, w.codes.const_data_ptr<uint8_t>(), params, y.mutable_data_ptr<c10::BFloat16>(),
+                  M, w.K, w.N, w.G);
     }
   });
   return y;

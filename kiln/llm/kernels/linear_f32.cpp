@@ -163,7 +163,8 @@ struct Int4Problem {
     __m256 acc[MR][NR];
     for (int m = 0; m < MR; ++m)
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < K; b += 64) {
+    kiln_int4::RunGroups run_groups(G);
+    for (int64_t b = 0; b < K; run_groups.next_run(b += 64)) {
       const uint8_t* run = codes + n0 * row_stride + b / 2;
       if (b % 128 == 0)  // one cache line of each of the next rows (see DenseProblem)
         for (int n = 0; n < NR; ++n)
@@ -171,10 +172,10 @@ struct Int4Problem {
       __m256i words[NR];
       __m256 sv[NR][2], mv[NR][2];  // [n][half of the run]: groups of 32 change mid-run
       // The run's second half starts the next group when G is 32 or an odd multiple of it (G = 96: b = 64).
-      const bool split = b / G != (b + 32) / G;
+      const bool split = run_groups.split(b);
       for (int n = 0; n < NR; ++n) {
         words[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + n * row_stride));
-        const __m128 f = params(scale_min + ((n0 + n) * groups + b / G) * 2, split);
+        const __m128 f = params(scale_min + ((n0 + n) * groups + run_groups.group) * 2, split);
         sv[n][0] = _mm256_broadcastss_ps(f);
         mv[n][0] = _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 1));
         sv[n][1] = split ? _mm256_broadcastss_ps(_mm_shuffle_ps(f, f, 2)) : sv[n][0];

@@ -135,6 +135,18 @@ def test_bf16_activations_and_the_fallback_agree(monkeypatch):
     torch.testing.assert_close(out.float(), bf16_ref, rtol=1e-2, atol=1e-2)
 
 
+def linear_bf16_in_run_order(x, w):
+    """linear_bf16 with K taken in the order the int4 codes lie in, as
+    kiln::linear_w4_bf16 widens them: in each run of 64 weights (eight 32-bit
+    words, weight 8s + j in nibble s of word j), position p of the first 32 is
+    weight 16 (p % 4) + p // 4 (the low nibbles of the run's bytes), of the
+    second 32 that plus 8 (the high nibbles). Same products, that summation order."""
+    run = [16 * (p % 4) + 8 * half + p // 4 for half in (0, 1) for p in range(32)]
+    order = torch.tensor([start + i for start in range(0, x.shape[1], 64) for i in run])
+    assert sorted(order.tolist()) == list(range(x.shape[1]))
+    return torch.ops.kiln.linear_bf16(x[:, order].contiguous(), w[:, order].contiguous())
+
+
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 37, int4_cpu.INT4_BF16_DEQUANT_MIN_ROWS + 3])
 def test_in_a_bf16_model_every_row_count_runs_bf16_dot_products_on_the_weight_widened_to_bf16(rows):
@@ -157,7 +169,7 @@ def test_in_a_bf16_model_every_row_count_runs_bf16_dot_products_on_the_weight_wi
         widened = ops.dequantize_w4(layer.codes, layer.scale_min, 64, torch.bfloat16)
         assert widened is not None and torch.equal(widened, layer.dequantized_weight().bfloat16())
         if rows <= int4_cpu.INT4_BF16_DEQUANT_MIN_ROWS:
-            assert torch.equal(y, torch.ops.kiln.linear_bf16(x, widened))
+            assert torch.equal(y, linear_bf16_in_run_order(x, widened))
             for part in (slice(0, 1), slice(rows // 2, rows)):
                 assert torch.equal(layer(x[part]), y[part])
         else:
@@ -174,14 +186,14 @@ needs_bf16_dots = pytest.mark.skipif(not ops.bf16_dot_products(), reason="no AVX
 @needs_bf16_dots
 @pytest.mark.parametrize("params", [torch.float16, torch.float32])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-def test_linear_w4_bf16_is_linear_bf16_on_the_widened_weight_row_independently(params, group_size):
+def test_linear_w4_bf16_is_linear_bf16_on_the_widened_weight_in_run_order_row_independently(params, group_size):
     layer = Int4CpuLinear.from_float(weight(301, 1536), group_size)
     scale_min = layer.scale_min.to(params)
     widened = ops.dequantize_w4(layer.codes, scale_min, group_size, torch.bfloat16)
     x = torch.randn(67, 1536, generator=torch.Generator().manual_seed(5)).bfloat16()
     y = ops.linear_w4_bf16(x, layer.codes, scale_min, group_size)
     assert y is not None and y.dtype == torch.bfloat16
-    assert torch.equal(y, torch.ops.kiln.linear_bf16(x, widened))
+    assert torch.equal(y, linear_bf16_in_run_order(x, widened))
     for rows in (slice(0, 1), slice(3, 8), slice(5, 14), slice(60, 67)):
         assert torch.equal(ops.linear_w4_bf16(x[rows], layer.codes, scale_min, group_size), y[rows])
 
