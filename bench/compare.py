@@ -816,6 +816,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--slo-ttft-ms", type=float, default=2000)
     ap.add_argument("--slo-tpot-ms", type=float, default=200)
     ap.add_argument("--prefix-caching", action="store_true", help="leave prefix caching on in the servers")
+    ap.add_argument("--serve-order", choices=("kiln-first", "peers-first"), default="kiln-first",
+                    help="which server --serve/--startup runs first (to see an order bias on a noisy box)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="Kiln's step token budget (default: Kiln's own; vLLM always runs its default)")
     ap.add_argument("--max-num-seqs", type=int, default=128)
@@ -947,9 +949,11 @@ def main() -> None:
             "prefix_caching": args.prefix_caching,
             "rates": [str(r) for r in args.rates],
             "dtype": args.serve_dtype,
+            "order": args.serve_order,
         }
         datasets = serve_datasets(args, tokenizer, run_dir) if args.serve else {}
-        for sname in ["kiln"] + [p for p in args.serve_peers if avail.get(p)]:
+        servers = ["kiln"] + [p for p in args.serve_peers if avail.get(p)]
+        for sname in servers[1:] + servers[:1] if args.serve_order == "peers-first" else servers:
             key = f"{sname}-{'Q4_1' if sname == 'llamacpp' else args.serve_dtype}"
             server = make_server(args, sname, args.serve_dtype, run_dir)
             try:
