@@ -41,7 +41,8 @@ void widen_bf16(const at::Tensor& codes, const P* params, uint16_t* o, int64_t G
   const uint8_t* c = codes.const_data_ptr<uint8_t>();
   const kiln_int4::Int4ToBf16 to_bf16;
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) to_bf16.natural_row(c + n * (K / 2), params + n * groups * 2, o + n * K, K, G);
+    for (int64_t n = begin; n < end; ++n)
+      to_bf16.natural_row(c + n * (K / 2), params + n * groups * 2, o + n * K, K, G);
   });
 #else
   widen(codes, params, o, G);

@@ -48,11 +48,11 @@ inline Weight checked_weight(const at::Tensor& codes, const at::Tensor& scale_mi
   return {codes.contiguous(), scale_min.contiguous(), N, K, G};
 }
 
-// The group of each run of 64 weights along a row, walked without dividing:
-// the kernels' inner loops had two 64-bit divisions per run (b / G and
-// (b + 32) / G), as costly as the run's widening on Zen 4. `group` is the
-// group of the run's first weight; `split()`: its second half (weights
-// b + 32 ..) starts the next group (G = 32, or an odd multiple of 32 at some b).
+// The group of each run of 64 weights along a row, walked without dividing
+// (the inner loops had two 64-bit divisions per run, b / G and (b + 32) / G;
+// on Zen 4 they overlapped the vector work: no measurable change). `group`
+// is the group of the run's first weight; `split()`: its second half
+// (weights b + 32 ..) starts the next group (G = 32, or an odd multiple of 32 at some b).
 struct RunGroups {
   int64_t G, group = 0, end;  // group holds weights [end - G, end)
   explicit RunGroups(int64_t G) : G(G), end(G) {}

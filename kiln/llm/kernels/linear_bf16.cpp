@@ -175,7 +175,7 @@ struct Int4Bf16Problem {
 // int4 group weights (linear_f32.cpp's Int4Problem layout) against bf16 x,
 // for a bf16 model's batches too small to repay widening the whole weight in
 // memory for oneDNN: each tile of weight rows is widened once to bf16 into a
-// per-thread buffer in run order (Int4ToBf16::row: 32 weights per zmm, 4x
+// per-thread buffer in run order (Int4ToBf16::run_order_row: 32 weights per zmm, 4x
 // fewer instructions than widen_row's 8-lane integer rounding, which was 40%
 // of the micro-kernels' time at 64 rows on Zen 4) and every x row (in run
 // order too) runs the micro-kernels above on it, so each output is the chain
@@ -233,7 +233,8 @@ at::Tensor linear_w4_bf16(const at::Tensor& x_in, const at::Tensor& codes, const
   const Int4ToBf16 widen;
   uint16_t* x_run = run_order_buffer(M * w.K);
   const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
-  // Threads share the copy at tile sizes (64 rows of K = 1536 take ~10 us on one core).
+  // Threads share the copy at tile sizes (64 rows of K = 1536 are 196 KB: the copy is why 64-row
+  // calls run ~1% slower than with x used in place, docs/benchmarks.md).
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) widen.to_run_order(xb + m * w.K, x_run + m * w.K, w.K);
   });
