@@ -13,6 +13,9 @@ the kernels interleaved so machine noise hits them alike:
     int4        Kiln's linear_w4: int4 groups of 32, fp16 scale/min, fp32 activations
     int4-bf16   Kiln's linear_w4_bf16 (avx512_bf16 build): the same weights widened
                 to bf16 in registers (tiles above 8 rows), bf16 activations, as a
+                bf16 model's kept int4 projections ran until 2026-12-04
+    int4-lanes  Kiln's linear_w4l_bf16 (avx512_bf16 build): the same weights in
+                lane layout (Int4LaneLinear), bf16 activations, as a finished
                 bf16 model's kept int4 projections run
     int4-a8     Kiln's linear_w4a8: the same weights, activations quantized per
                 row to int8 in groups of 32, AVX2 integer dot products
@@ -38,6 +41,7 @@ from kiln.llm.kernels import ops
 from kiln.llm.kernels.ops import kernels_loaded
 from kiln.llm.quant.int4 import Int4Linear
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
+from kiln.llm.quant.int4_lanes import Int4LaneLinear
 from kiln.llm.quant.int8 import Int8Linear
 
 LAYER_SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out), fused projections
@@ -78,6 +82,9 @@ def formats(ws: list[torch.Tensor]) -> dict[str, tuple[list, callable, torch.dty
     if ops.bf16_dot_products():
         found["int4-bf16"] = (int4, lambda x, m: torch.ops.kiln.linear_w4_bf16(x, m.codes, m.scale_min, GROUP),
                               torch.bfloat16)
+        lanes = [Int4LaneLinear.from_int4_cpu(m) for m in int4]
+        found["int4-lanes"] = (lanes, lambda x, m: torch.ops.kiln.linear_w4l_bf16(x, m.lanes, m.params, GROUP),
+                               torch.bfloat16)
     if ops.vnni_int8():
         found["int8-vnni"] = (int8, lambda x, m: torch.ops.kiln.linear_w8a8(x, m.weight_int8, m.scales_f32),
                               torch.float32)

@@ -57,7 +57,14 @@ namespace {
 
 at::Tensor project(const at::Tensor& x, at::TensorList w, int64_t group_size) {
   if (w.size() == 1) return w[0].scalar_type() == at::kBFloat16 ? kiln::linear_bf16(x, w[0]) : kiln::linear_f32(x, w[0]);
-  TORCH_CHECK(w.size() == 2, "decode_layer: a projection is [w], [w, scales] or [codes, scale_min]");
+  TORCH_CHECK(w.size() == 2, "decode_layer: a projection is [w], [w, scales], [codes, scale_min] or [lanes, params]");
+  if (w[0].scalar_type() == at::kInt) {  // int4 in lane layout: a bf16 model's, as Int4LaneLinear
+#if KILN_AVX512_BF16
+    return kiln::linear_w4l_bf16(x, w[0], w[1], group_size);
+#else
+    TORCH_CHECK(false, "decode_layer: int4 lanes need the avx512_bf16 build");
+#endif
+  }
   if (w[0].scalar_type() == at::kChar) {  // a bf16 model's rows widened, its result rounded once, as Int8Linear
     if (x.scalar_type() != at::kFloat) return kiln::linear_w8(x.to(at::kFloat), w[0], w[1]).to(x.scalar_type());
     return kiln::linear_w8(x, w[0], w[1]);

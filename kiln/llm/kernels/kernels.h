@@ -23,6 +23,10 @@ at::Tensor linear_w4a8(const at::Tensor& x, const at::Tensor& codes, const at::T
 // (linear_bf16.cpp): one chain per output whatever M, so any M gives a row the same bits.
 at::Tensor linear_w4_bf16(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale_min,
                           int64_t group_size);
+// bf16 x @ int4 group weights in lane layout (linear_w4l_bf16.cpp) -> bf16:
+// sixteen weight rows per vector, weights unrounded; any M gives a row the same bits.
+at::Tensor linear_w4l_bf16(const at::Tensor& x, const at::Tensor& lanes, const at::Tensor& params,
+                           int64_t group_size);
 #endif
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,

@@ -211,6 +211,18 @@ def linear_w4_bf16(
     return torch.ops.kiln.linear_w4_bf16(x, codes, scale_min, group_size)
 
 
+def linear_w4l_bf16(
+    x: torch.Tensor, lanes: torch.Tensor, params: torch.Tensor, group_size: int
+) -> torch.Tensor | None:
+    """x [M, K] bf16 @ int4-group weights in lane layout (quant/int4_lanes.py)^T
+    -> bf16, by bf16 dot products on the weights unrounded, or None where the
+    build has no bf16 dot products."""
+    if not (bf16_dot_products() and x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+            and lanes.dtype == torch.int32 and params.dtype in (torch.float16, torch.float32)):
+        return None
+    return torch.ops.kiln.linear_w4l_bf16(x, lanes, params, group_size)
+
+
 def linear_w4_fp32x(
     x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int
 ) -> torch.Tensor | None:

@@ -44,6 +44,7 @@ from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.mlp import LlamaMLP
 from kiln.llm.models.moe import SparseMoeBlock
 from kiln.llm.quant.int4_cpu import Int4CpuLinear
+from kiln.llm.quant.int4_lanes import Int4LaneLinear
 from kiln.llm.quant.int8 import Int8Linear
 
 
@@ -100,9 +101,11 @@ def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torc
     once, as Int8Linear does, and an int4 one runs as Int4CpuLinear runs it at
     decode sizes (bf16 dot products on the weights widened to bf16 where the
     kernel build has them, else the fp32 kernel on rows widened to fp32,
-    rounded once)."""
+    rounded once); in lane layout (a bf16 model's, Int4LaneLinear) as that module runs it."""
     if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
         return [module.weight], 0
+    if type(module) is Int4LaneLinear and dtype == torch.bfloat16:
+        return [module.lanes, module.params], module.group_size
     if type(module) is Int4CpuLinear and dtype in (torch.float32, torch.bfloat16):
         int8_activations = module.int8_activations and dtype == torch.float32  # the kernel: linear_w4a8
         return [module.codes, module.scale_min], -module.group_size if int8_activations else module.group_size

@@ -27,6 +27,7 @@ from kiln.llm.attention.options import AttentionOptions
 from kiln.llm.attention.selector import install_attention_backend
 from kiln.llm.kernels.ops import pack_linear_weight
 from kiln.llm.layers.linear import Linear, pack_for_prefill, project
+from kiln.llm.quant.int4_lanes import lay_out_lanes
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models import fused_decode
@@ -172,8 +173,9 @@ class LlamaModel(nn.Module):
         """Make the loaded model ready to serve, in place (returns self):
         moved to `device`; the attention backend chosen for the device and the
         KV pool's dtype (default: `dtype`); projections quantized as
-        `quantization` says; cast to `dtype`; fp32 CPU projections packed for
-        prefill; decode layers fused.
+        `quantization` says; cast to `dtype`; a bf16 model's int4 projections in
+        lane layout where the CPU has bf16 dot products; fp32 CPU projections
+        packed for prefill; decode layers fused.
 
         `quantization`: None keeps the projections a pre-quantized checkpoint
         stored quantized (load_weights installed them) and the rest float;
@@ -191,6 +193,7 @@ class LlamaModel(nn.Module):
             if head_quantization is not None:
                 self.quantize_head(head_quantization, group_size)
         self.to(dtype=dtype).eval()
+        lay_out_lanes(self, dtype)
         pack_for_prefill(self)
         if self.logits_head is None:
             self.lm_head_packed = pack_linear_weight(self.lm_head)

@@ -1,0 +1,127 @@
+"""int4 group-wise Linear in lane layout: a bf16 model's int4 projections on
+a CPU with bf16 dot products (kiln::linear_w4l_bf16, linear_w4l_bf16.cpp).
+
+The same codes and (scale, min) as Int4CpuLinear (int4_cpu.py), laid out
+sixteen weight rows to a vector instead of along K:
+
+    lanes   int32 [N/16, K/8, 16]: block r, chunk c, lane j holds the
+            nibbles of row 16r + j, weights 8c .. 8c+7; weight 8c + 2p in
+            bits 4p..4p+3, weight 8c + 2p + 1 in bits 16+4p..16+4p+3
+    params  float16 (or float32) [N/16, K/G, 2, 16]: (scale, min) of block
+            r and group g, one lane per row
+
+so the kernel widens 32 weights with a shift and one bitwise op (no table, as
+kiln::linear_w4_bf16 needs) and multiplies by outer products (vdpbf16ps
+against a broadcast x pair), whatever the number of rows: it is faster than
+Int4CpuLinear's bf16 paths at every M measured (1 to 1024 rows on Zen 4,
+docs/benchmarks.md) and a row's result does not depend on M, so a prompt
+gives the same bits cold or cached and in any batch. The weights enter
+unrounded (q * scale + min in fp32, where Int4CpuLinear rounds them to bf16
+first). Same bytes as Int4CpuLinear: codes 0.5 per weight, parameters 4 per group.
+
+`lay_out_lanes(model, dtype)` swaps a finished bf16 model's Int4CpuLinear
+modules for this one where the kernel runs; fp32 models keep Int4CpuLinear
+(its fp32 and int8-activation kernels read the other layout).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.llm.kernels.ops import bf16_dot_products, linear_w4l_bf16
+from kiln.llm.quant.base import QuantizedLinear
+from kiln.llm.quant.int4_cpu import Int4CpuLinear, unpack_codes
+
+log = logging.getLogger(__name__)
+
+LANES = 16  # weight rows per vector
+CHUNK = 8  # weights of a row per 32-bit lane
+SHIFTS = 4 * torch.arange(CHUNK // 2)
+
+
+def to_lanes(q: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int [N, K] in 0..15, scale_min [N, K/G, 2]) -> (lanes, params) as the module doc lays them out."""
+    n, k = q.shape
+    pairs = q.to(torch.int32).reshape(n // LANES, LANES, k // CHUNK, CHUNK // 2, 2)  # [r, j, c, p, first/second]
+    words = ((pairs[..., 0] << SHIFTS) | (pairs[..., 1] << (16 + SHIFTS))).sum(-1, dtype=torch.int32)  # [r, j, c]
+    params = scale_min.reshape(n // LANES, LANES, k // group_size, 2).permute(0, 2, 3, 1)
+    return words.permute(0, 2, 1).contiguous(), params.contiguous()
+
+
+def from_lanes(lanes: torch.Tensor, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """to_lanes undone: (codes int32 [N, K], scale_min [N, K/G, 2])."""
+    blocks, chunks, _ = lanes.shape
+    words = lanes.permute(0, 2, 1).unsqueeze(-1)  # [r, j, c, 1]
+    first, second = (words >> SHIFTS) & 0x0F, (words >> (16 + SHIFTS)) & 0x0F
+    q = torch.stack([first, second], dim=-1).reshape(blocks * LANES, chunks * CHUNK)
+    scale_min = params.permute(0, 3, 1, 2).reshape(blocks * LANES, params.shape[1], 2)
+    return q, scale_min
+
+
+def lanes_apply(module: nn.Module) -> bool:
+    """Whether `module` is an Int4CpuLinear this layout takes: CPU, rows a multiple of 16, bf16 activations."""
+    return (
+        type(module) is Int4CpuLinear
+        and module.codes.device.type == "cpu"
+        and module.out_features % LANES == 0
+        and not module.int8_activations
+    )
+
+
+class Int4LaneLinear(QuantizedLinear):
+    _kernel_buffers = ("params",)
+    lanes: torch.Tensor  # int32 [N/16, K/8, 16]
+    params: torch.Tensor  # float16 (or float32) [N/16, K/G, 2, 16]
+
+    def __init__(self, lanes: torch.Tensor, params: torch.Tensor, group_size: int):
+        super().__init__()
+        self.out_features, self.in_features = lanes.shape[0] * LANES, lanes.shape[1] * CHUNK
+        self.group_size = group_size
+        self.register_buffer("lanes", lanes.contiguous())
+        self.register_buffer("params", params.contiguous())
+
+    @classmethod
+    def from_int4_cpu(cls, module: Int4CpuLinear) -> Int4LaneLinear:
+        lanes, params = to_lanes(unpack_codes(module.codes), module.scale_min, module.group_size)
+        return cls(lanes, params, module.group_size)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """float32 [N, K]: q * scale + min, as Int4CpuLinear.dequantized_weight."""
+        q, scale_min = from_lanes(self.lanes, self.params)
+        n, k = self.out_features, self.in_features
+        sm = scale_min.float()
+        q = q.float().reshape(n, k // self.group_size, self.group_size)
+        return torch.addcmul(sm[..., 1:], q, sm[..., :1]).reshape(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        y = linear_w4l_bf16(x2.contiguous(), self.lanes, self.params, self.group_size)
+        if y is None:  # not bf16 CPU activations, or no kernel: the same weights through torch
+            y = F.linear(x2, self.dequantized_weight().to(device=x2.device, dtype=x2.dtype))
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"int4 group_size={self.group_size} (Kiln CPU kernel, lane layout)"
+        )
+
+
+def lay_out_lanes(model: nn.Module, dtype: torch.dtype) -> int:
+    """In a finished model of `dtype`: every Int4CpuLinear the lane kernel runs
+    becomes an Int4LaneLinear, where `dtype` is bf16 and the loaded kernel build
+    has bf16 dot products; returns how many."""
+    if dtype != torch.bfloat16 or not bf16_dot_products():
+        return 0
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if lanes_apply(child):
+                setattr(parent, name, Int4LaneLinear.from_int4_cpu(child))
+                swapped += 1
+    if swapped:
+        log.info("%d int4 projections in lane layout (bf16 dot products)", swapped)
+    return swapped

@@ -1,0 +1,100 @@
+"""int4 in lane layout (a bf16 model's int4 projections on CPUs with bf16 dot
+products): the layout bit by bit, the kernel against fp64 on the dequantized
+weight, a row's bits whatever the batch, the fallback, and the swap in a
+finished model."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.llm.kernels import ops
+from kiln.llm.quant.int4_cpu import Int4CpuLinear, pack_codes, quantize_int4_fp16, unpack_codes
+from kiln.llm.quant.int4_lanes import Int4LaneLinear, from_lanes, lay_out_lanes, to_lanes
+
+needs_bf16_kernel = pytest.mark.skipif(
+    not ops.bf16_dot_products(), reason="no bf16 dot products in the loaded kernel build (no AVX512_BF16)"
+)
+
+
+def int4_layer(n, k, group_size, seed=0, params_dtype=torch.float16):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[3, :group_size] += 0.3  # an offset group
+    q, scale_min = quantize_int4_fp16(w, group_size)
+    return Int4CpuLinear(pack_codes(q), scale_min.to(params_dtype), group_size)
+
+
+def test_lane_words_hold_pairs_of_a_rows_weights():
+    q = torch.randint(0, 16, (32, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    scale_min = torch.randn(32, 2, 2).half()
+    lanes, params = to_lanes(q, scale_min, 32)
+    assert lanes.shape == (2, 8, 16) and lanes.dtype == torch.int32 and params.shape == (2, 2, 2, 16)
+    word = int(lanes[1, 5, 9]) & 0xFFFFFFFF  # row 16 + 9, weights 40..47
+    for p in range(4):
+        assert (word >> (4 * p)) & 0xF == q[25, 40 + 2 * p]
+        assert (word >> (16 + 4 * p)) & 0xF == q[25, 41 + 2 * p]
+    assert torch.equal(params[1, 1, :, 9], scale_min[25, 1])
+    back_q, back_sm = from_lanes(lanes, params)
+    assert torch.equal(back_q, q) and torch.equal(back_sm, scale_min)
+
+
+def test_dequantized_weight_is_the_int4_layers():
+    layer = int4_layer(48, 192, 64)
+    assert torch.equal(Int4LaneLinear.from_int4_cpu(layer).dequantized_weight(), layer.dequantized_weight())
+
+
+@needs_bf16_kernel
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 130])
+@pytest.mark.parametrize("group_size,params_dtype", [(32, torch.float16), (96, torch.float16), (64, torch.float32)])
+def test_kernel_matches_fp64_on_the_unrounded_weights(rows, group_size, params_dtype):
+    """Within the bf16 rounding of the output, plus what the 128 offset costs in fp32."""
+    layer = Int4LaneLinear.from_int4_cpu(int4_layer(80, 576, group_size, params_dtype=params_dtype))
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    y = ops.linear_w4l_bf16(x, layer.lanes, layer.params, group_size)
+    w = layer.dequantized_weight().double()
+    ref = x.double() @ w.T
+    magnitude = x.double().abs() @ w.abs().T
+    ulp = torch.finfo(torch.bfloat16).eps * ref.abs()
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, 80)
+    assert ((y.double() - ref).abs() <= ulp + 1e-4 * magnitude + 1e-6).all()
+
+
+@needs_bf16_kernel
+def test_a_rows_bits_do_not_depend_on_the_batch():
+    layer = Int4LaneLinear.from_int4_cpu(int4_layer(112, 1536, 32))
+    x = torch.randn(150, 1536, generator=torch.Generator().manual_seed(1)).bfloat16()
+    whole = layer(x)
+    for start, size in [(0, 1), (5, 1), (7, 2), (10, 3), (20, 4), (31, 9), (100, 50)]:
+        part = layer(x[start:start + size].clone())
+        assert torch.equal(part, whole[start:start + size]), (start, size)
+
+
+def test_fallback_without_bf16_activations_is_f_linear_on_the_same_weights():
+    layer = Int4LaneLinear.from_int4_cpu(int4_layer(32, 128, 32))
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.dequantized_weight()), rtol=1e-5, atol=1e-5)
+
+
+class TwoProjections(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fits = int4_layer(32, 128, 32)
+        self.odd_rows = int4_layer(24, 128, 32, seed=1)  # not a multiple of 16: stays
+
+
+def test_lay_out_swaps_a_bf16_models_projections_where_the_kernel_runs():
+    model = TwoProjections()
+    swapped = lay_out_lanes(model, torch.bfloat16)
+    assert type(model.odd_rows) is Int4CpuLinear
+    if not ops.bf16_dot_products():
+        assert swapped == 0 and type(model.fits) is Int4CpuLinear
+        return
+    assert swapped == 1 and type(model.fits) is Int4LaneLinear
+    assert lay_out_lanes(TwoProjections(), torch.float32) == 0  # fp32 models keep their kernels' layout
+
+
+def test_unpack_of_lanes_matches_the_codes_layout():
+    layer = int4_layer(16, 256, 64, seed=2)
+    lanes, params = to_lanes(unpack_codes(layer.codes), layer.scale_min, 64)
+    q, scale_min = from_lanes(lanes, params)
+    assert torch.equal(pack_codes(q), layer.codes) and torch.equal(scale_min, layer.scale_min)
