@@ -95,8 +95,8 @@ AVX512_BF16_FLAGS = (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mav
                      "-mavx512vnni", "-DKILN_AVX512_BF16=1")
 BUILDS = {
     "avx2": Build("avx2", AVX2_FLAGS, tuple(HERE / s for s in COMMON_SOURCES)),
-    "avx512_bf16": Build("avx512_bf16", AVX512_BF16_FLAGS,
-                         tuple(HERE / s for s in (*COMMON_SOURCES, "linear_bf16.cpp", "linear_w4l_bf16.cpp", "linear_int8_vnni.cpp"))),
+    "avx512_bf16": Build("avx512_bf16", AVX512_BF16_FLAGS, tuple(
+        HERE / s for s in (*COMMON_SOURCES, "linear_bf16.cpp", "linear_w4l_bf16.cpp", "linear_int8_vnni.cpp"))),
 }
 # Left by builds before the ISA split; removed so nothing loads it by mistake.
 LEGACY_LIBRARY = HERE / "_kiln_kernels.so"

@@ -27,7 +27,6 @@ from kiln.llm.attention.options import AttentionOptions
 from kiln.llm.attention.selector import install_attention_backend
 from kiln.llm.kernels.ops import pack_linear_weight
 from kiln.llm.layers.linear import Linear, pack_for_prefill, project
-from kiln.llm.quant.int4_lanes import lay_out_lanes
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
 from kiln.llm.models import fused_decode
@@ -38,6 +37,7 @@ from kiln.llm.models.moe import SparseMoeBlock
 from kiln.llm.models.weight_map import WeightMap
 from kiln.llm.quant.apply import HEAD_METHOD, quantize_linears, quantize_weight
 from kiln.llm.quant.formats.stored import QuantizedWeight, StoredWeights, settle_prequantized
+from kiln.llm.quant.int4_lanes import lay_out_lanes
 from kiln.llm.quant.q8_0_head import Q8_0Weight
 
 log = logging.getLogger(__name__)
