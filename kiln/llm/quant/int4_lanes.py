@@ -61,11 +61,10 @@ def from_lanes(lanes: torch.Tensor, params: torch.Tensor) -> tuple[torch.Tensor,
     return q, scale_min
 
 
-def lanes_apply(module: nn.Module) -> bool:
-    """Whether `module` is an Int4CpuLinear this layout takes: CPU, rows a multiple of 16, bf16 activations."""
+def lanes_apply(module: Int4CpuLinear) -> bool:
+    """Whether this layout takes `module`: CPU, rows a multiple of 16, bf16 activations."""
     return (
-        type(module) is Int4CpuLinear
-        and module.codes.device.type == "cpu"
+        module.codes.device.type == "cpu"
         and module.out_features % LANES == 0
         and not module.int8_activations
     )
@@ -119,7 +118,7 @@ def lay_out_lanes(model: nn.Module, dtype: torch.dtype) -> int:
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if lanes_apply(child):
+            if type(child) is Int4CpuLinear and isinstance(child, Int4CpuLinear) and lanes_apply(child):
                 setattr(parent, name, Int4LaneLinear.from_int4_cpu(child))
                 swapped += 1
     if swapped:
