@@ -167,6 +167,17 @@ def linear_q8_0(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> t
     return torch.ops.kiln.linear_q8_0(x, codes, scales)
 
 
+def linear_q8_0_bf16(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """x [M, K] bf16 @ (GGUF Q8_0 codes * scales)^T -> bf16, bit-identical to linear_bf16 on the
+    dequantized weight rounded to bf16, or None where linear_bf16 would not run bf16 dot products
+    (no AVX512_BF16 build, too many rows, not bf16 CPU x) or K is not a multiple of 32."""
+    if not (bf16_dot_products() and x.dim() == 2 and x.shape[0] <= BF16_LINEAR_MAX_ROWS
+            and x.dtype == torch.bfloat16 and x.device.type == "cpu" and codes.dtype == torch.int8
+            and scales.dtype == torch.float32 and codes.shape[1] % 32 == 0):
+        return None
+    return torch.ops.kiln.linear_q8_0_bf16(x, codes, scales)
+
+
 def linear_q8_0a8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """linear_q8_0 with x quantized per row to int8 in the weight's blocks of 32 and integer
     dot products (linear_q8_0a8.cpp: llama.cpp's numerics for a Q8_0 tensor), at any row

@@ -10,7 +10,11 @@ float head's. Converting every code for every pass of rows makes it
 compute-bound from a few rows, so the head takes the kernel up to
 Q8_0_HEAD_MAX_ROWS fp32 rows (decode of a few requests, where the bytes it
 saves decide) and the float path above (linear_f32, then the packed oneDNN
-copy): no step of any size computes other logits than before.
+copy): no step of any size computes other logits than before. A bf16
+model's head (the table rounded to bf16) reads the blocks the same way up to
+the same row count on CPUs with bf16 dot products (`linear_q8_0_bf16`: each
+block widened to q * d, rounded to bf16, then linear_bf16's chain; bit-identical
+to the bf16 head).
 
 With `--int4-activations int8` (quant/int8_activations.py) the head multiplies
 int8 activations instead, `linear_q8_0a8` at every row count (llama.cpp's
@@ -24,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from kiln.llm.kernels.ops import kernels_loaded, linear_q8_0, linear_q8_0a8
+from kiln.llm.kernels.ops import bf16_dot_products, kernels_loaded, linear_q8_0, linear_q8_0_bf16, linear_q8_0a8
 from kiln.llm.kernels.tuning import Q8_0_HEAD_MAX_ROWS
 from kiln.llm.layers.linear import project, takes_packed
 
@@ -49,8 +53,10 @@ class Q8_0Weight:
     def head(self, weight: torch.Tensor, packed: torch.Tensor | None) -> Q8_0Head | None:
         """The logits head over these blocks for a model whose float head is `weight`
         (its oneDNN copy `packed`), or None where the kernel never applies (not an
-        fp32 CPU model, library absent, another shape)."""
-        usable = weight.dtype == torch.float32 and weight.device.type == "cpu" and kernels_loaded()
+        fp32 CPU model or a bf16 one on a CPU with bf16 dot products, library absent,
+        another shape)."""
+        dtype_ok = weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and bf16_dot_products())
+        usable = dtype_ok and weight.device.type == "cpu" and kernels_loaded()
         if not usable or tuple(weight.shape) != self.shape:
             return None
         return Q8_0Head(self, weight, packed)
@@ -88,7 +94,11 @@ class Q8_0Head(nn.Module):
             if y is not None:
                 return y
         few_rows = x.dim() == 2 and x.shape[0] <= Q8_0_HEAD_MAX_ROWS and not takes_packed(x, self.packed)
-        y = linear_q8_0(x, self.codes, self.scales) if few_rows else None
+        y = None
+        if few_rows and x.dtype == torch.bfloat16:
+            y = linear_q8_0_bf16(x, self.codes, self.scales)
+        elif few_rows:
+            y = linear_q8_0(x, self.codes, self.scales)
         return project(x, self.float_weight, self.packed) if y is None else y
 
     def extra_repr(self) -> str:

@@ -2,7 +2,8 @@
 blocks read as gguf dequantizes them, `kiln::linear_q8_0` bit-identical to
 `kiln::linear_f32` on the dequantized weight for every row count, the head
 computing the float head's logits bit for bit on every path (kernel, packed
-oneDNN copy, torch) and taking the kernel up to Q8_0_HEAD_MAX_ROWS rows, and
+oneDNN copy, torch) and taking the kernel up to Q8_0_HEAD_MAX_ROWS rows (a bf16
+model's too, through `kiln::linear_q8_0_bf16`, where the CPU has bf16 dot products), and
 a GGUF whose head is Q8_0 (tied or not) served through it unless another
 quantization is asked for; with int8 activations
 (`--int4-activations int8`), `kiln::linear_q8_0a8` against exact integer block
@@ -15,7 +16,7 @@ from gguf.quants import dequantize, quantize
 from transformers import LlamaForCausalLM
 
 from kiln.llm.kernels.build import cpu_supported
-from kiln.llm.kernels.ops import kernels_loaded, pack_linear_weight
+from kiln.llm.kernels.ops import bf16_dot_products, kernels_loaded, pack_linear_weight
 from kiln.llm.kernels.tuning import Q8_0_HEAD_MAX_ROWS
 from kiln.llm.layers.linear import project
 from kiln.llm.models.loader import load_checkpoint
@@ -82,8 +83,28 @@ def test_head_computes_the_float_heads_logits_on_every_path(packed):
     for m in (1, 6, 7, 32, 33, 192, 193):
         x = torch.randn(m, 128)
         assert torch.equal(head(x), project(x, w, copy)), m
-    assert weight.head(w.bfloat16(), None) is None  # bf16 models keep their float head
+    # bf16 models keep their float head where the CPU has no bf16 dot products
+    assert (weight.head(w.bfloat16(), None) is None) == (not bf16_dot_products())
     assert weight.head(w[:10], None) is None
+
+
+@kernels
+@pytest.mark.skipif(not bf16_dot_products(), reason="no bf16 dot products in the loaded kernel build")
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_bf16_head_computes_the_bf16_float_heads_logits_on_every_path(packed):
+    """The blocks widened and rounded to bf16 in registers, then linear_bf16's chain: the
+    logits of the table a bf16 model holds, bit for bit, up to Q8_0_HEAD_MAX_ROWS rows (the
+    bf16 kernel), then linear_bf16 / the packed copy / torch as project() chooses."""
+    weight, w = blocks(203, 160, seed=3)  # N not a multiple of any tile, K = 5 blocks
+    w16 = w.bfloat16()
+    copy = pack_linear_weight(w16) if packed else None
+    head = weight.head(w16, copy)
+    assert isinstance(head, Q8_0Head)
+    for m in (1, 2, 5, 6, 7, 16, 17, 48, 49):
+        x = torch.randn(m, 160).bfloat16()
+        assert torch.equal(head(x), project(x, w16, copy)), m
+        assert torch.equal(torch.ops.kiln.linear_q8_0_bf16(x, weight.codes, weight.scales),
+                           torch.ops.kiln.linear_bf16(x, w16)), m
 
 
 @kernels
