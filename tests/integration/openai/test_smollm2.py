@@ -8,7 +8,11 @@ from tests.integration.openai.live import kiln_server
 
 pytestmark = pytest.mark.slow
 
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+# Not France: its first token is a near tie in bf16 (`auto` on AVX512_BF16 CPUs), where "The"
+# and "L" round to the same bf16 logit since the int4 lane kernel and greedy takes the lower id
+# ("L'Étoile, ..."; fp32 and the older bf16 kernels answered Paris by 0.08-0.13 nats:
+# docs/benchmarks.md, "int4 in lane layout"). Germany's answer leads by 0.66 (fp32) to 0.88 (bf16) nats.
+GERMANY = [{"role": "user", "content": "What is the capital of Germany?"}]
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +34,18 @@ def client(server):
 
 
 def test_chat_template_gives_a_real_answer(client, server):
-    out = client.chat.completions.create(model="smollm2", messages=FRANCE, max_tokens=20, temperature=0)
-    assert "Paris" in out.choices[0].message.content
+    out = client.chat.completions.create(model="smollm2", messages=GERMANY, max_tokens=20, temperature=0)
+    assert "Berlin" in out.choices[0].message.content
     assert out.choices[0].finish_reason == "stop"  # the model ended its turn itself
-    tokenized = server.post("/tokenize", json={"messages": FRANCE}).json()
+    tokenized = server.post("/tokenize", json={"messages": GERMANY}).json()
     assert tokenized["count"] == out.usage.prompt_tokens
 
 
 def test_stop_string_on_real_text(client):
-    out = client.chat.completions.create(model="smollm2", messages=FRANCE, max_tokens=20, temperature=0, stop=["Paris"])
+    out = client.chat.completions.create(model="smollm2", messages=GERMANY, max_tokens=20, temperature=0, stop=["Berlin"])
     choice = out.choices[0]
-    assert choice.finish_reason == "stop" and "Paris" not in choice.message.content
-    assert choice.message.content.startswith("The capital of France is")
+    assert choice.finish_reason == "stop" and "Berlin" not in choice.message.content
+    assert choice.message.content.startswith("The capital of Germany is")
 
 
 def test_streaming_never_splits_a_multibyte_character(client):
