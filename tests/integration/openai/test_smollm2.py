@@ -42,7 +42,9 @@ def test_chat_template_gives_a_real_answer(client, server):
 
 
 def test_stop_string_on_real_text(client):
-    out = client.chat.completions.create(model="smollm2", messages=GERMANY, max_tokens=20, temperature=0, stop=["Berlin"])
+    out = client.chat.completions.create(
+        model="smollm2", messages=GERMANY, max_tokens=20, temperature=0, stop=["Berlin"]
+    )
     choice = out.choices[0]
     assert choice.finish_reason == "stop" and "Berlin" not in choice.message.content
     assert choice.message.content.startswith("The capital of Germany is")
