@@ -81,6 +81,13 @@ def quantize_int4_fp16(weight: torch.Tensor, group_size: int) -> tuple[torch.Ten
     return q.reshape(n, k), torch.stack([scale, low], dim=-1).contiguous()
 
 
+def dequantize(q: torch.Tensor, scale_min: torch.Tensor, group_size: int) -> torch.Tensor:
+    """codes [N, K] in 0..15 and scale_min [N, K/G, 2] -> float32 [N, K]: q * scale + min."""
+    n, k = q.shape
+    sm = scale_min.float()
+    return torch.addcmul(sm[..., 1:], q.float().reshape(n, k // group_size, group_size), sm[..., :1]).reshape(n, k)
+
+
 def pack_codes(q: torch.Tensor) -> torch.Tensor:
     """int codes [N, K] in 0..15 -> uint8 [N, K/2] in the kernel's layout.
 
@@ -122,10 +129,7 @@ class Int4CpuLinear(QuantizedLinear):
         """float32 [N, K]: q * scale + min (the kernel fuses it into one FMA;
         equal whenever q * scale is exact in float32, as for fp16 scales and
         every pre-quantized format Kiln reads)."""
-        n, k = self.out_features, self.in_features
-        q = unpack_codes(self.codes).float().reshape(n, k // self.group_size, self.group_size)
-        sm = self.scale_min.float()
-        return torch.addcmul(sm[..., 1:], q, sm[..., :1]).reshape(n, k)
+        return dequantize(unpack_codes(self.codes), self.scale_min, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)

@@ -33,7 +33,7 @@ from torch import nn
 
 from kiln.llm.kernels.ops import bf16_dot_products, linear_w4l_bf16
 from kiln.llm.quant.base import QuantizedLinear
-from kiln.llm.quant.int4_cpu import Int4CpuLinear, unpack_codes
+from kiln.llm.quant.int4_cpu import Int4CpuLinear, dequantize, unpack_codes
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +89,11 @@ class Int4LaneLinear(QuantizedLinear):
 
     def dequantized_weight(self) -> torch.Tensor:
         """float32 [N, K]: q * scale + min, as Int4CpuLinear.dequantized_weight."""
-        q, scale_min = from_lanes(self.lanes, self.params)
-        n, k = self.out_features, self.in_features
-        sm = scale_min.float()
-        q = q.float().reshape(n, k // self.group_size, self.group_size)
-        return torch.addcmul(sm[..., 1:], q, sm[..., :1]).reshape(n, k)
+        return dequantize(*from_lanes(self.lanes, self.params), self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        y = linear_w4l_bf16(x2.contiguous(), self.lanes, self.params, self.group_size)
+        y = linear_w4l_bf16(x2, self.lanes, self.params, self.group_size)
         if y is None:  # not bf16 CPU activations, or no kernel: the same weights through torch
             y = F.linear(x2, self.dequantized_weight().to(device=x2.device, dtype=x2.dtype))
         return y.reshape(*x.shape[:-1], self.out_features)

@@ -94,11 +94,8 @@ class Q8_0Head(nn.Module):
             if y is not None:
                 return y
         few_rows = x.dim() == 2 and x.shape[0] <= Q8_0_HEAD_MAX_ROWS and not takes_packed(x, self.packed)
-        y = None
-        if few_rows and x.dtype == torch.bfloat16:
-            y = linear_q8_0_bf16(x, self.codes, self.scales)
-        elif few_rows:
-            y = linear_q8_0(x, self.codes, self.scales)
+        kernel = linear_q8_0_bf16 if x.dtype == torch.bfloat16 else linear_q8_0
+        y = kernel(x, self.codes, self.scales) if few_rows else None
         return project(x, self.float_weight, self.packed) if y is None else y
 
     def extra_repr(self) -> str:
