@@ -74,7 +74,8 @@ struct Lanes16 {
 
 // One work item: sequence b, kv heads [g0, g1), each with its G query heads.
 // Pass 1 streams the keys in slot order (each slot's heads are contiguous),
-// scores every query head, and prefetches the slot's values into L2. Pass 2
+// scores every query head, and prefetches the slot's values and the next
+// block's keys into L2. Pass 2
 // walks the values per kv head and slice of S vectors of the head dimension
 // (AVX2: 2 x 8 floats; 16 lanes: 4 x 16 where G x 4 accumulators fit, else
 // 1 x 16), the G x S output vectors held in registers, reading from L2.
@@ -90,10 +91,16 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, in
   scores.resize(nh * ctx);
   for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
     const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
+    // The next block's keys into L2, one slot per key scored here: blocks lie
+    // anywhere in the pool, so the hardware prefetcher cannot run ahead of a
+    // block boundary (into L1 instead, or all at the block's start: slower).
+    const KV* next_keys = t0 + block_size < end ? kp + table[t0 / block_size + 1] * block_size * KVH * D : nullptr;
     for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
       const int64_t row = (base + i) * KVH;
-      for (int64_t off = g0 * D * sizeof(KV); off < g1 * D * sizeof(KV); off += 64)
+      for (int64_t off = g0 * D * sizeof(KV); off < g1 * D * sizeof(KV); off += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(vp + row * D) + off, _MM_HINT_T1);
+        if (next_keys) _mm_prefetch(reinterpret_cast<const char*>(next_keys + i * KVH * D) + off, _MM_HINT_T1);
+      }
       for (int64_t g = g0; g < g1; ++g) {
         const KV* key = kp + (row + g) * D;
         const float* qg = q + g * G * D;
