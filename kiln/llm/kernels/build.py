@@ -96,7 +96,8 @@ AVX512_BF16_FLAGS = (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mav
 BUILDS = {
     "avx2": Build("avx2", AVX2_FLAGS, tuple(HERE / s for s in COMMON_SOURCES)),
     "avx512_bf16": Build("avx512_bf16", AVX512_BF16_FLAGS, tuple(
-        HERE / s for s in (*COMMON_SOURCES, "linear_bf16.cpp", "linear_w4l_bf16.cpp", "linear_int8_vnni.cpp"))),
+        HERE / s for s in (*COMMON_SOURCES, "linear_bf16.cpp", "linear_w4l_bf16.cpp", "linear_int8_vnni.cpp",
+                          "prefill_attention_bf16.cpp"))),
 }
 # Left by builds before the ISA split; removed so nothing loads it by mistake.
 LEGACY_LIBRARY = HERE / "_kiln_kernels.so"

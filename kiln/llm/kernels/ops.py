@@ -295,7 +295,9 @@ def prefill_attention(
     (prefill_attention.cpp) -> [Q, H, D] in q's dtype, or None when it does
     not apply (library absent, not CPU, mixed or other dtypes, head_dim not a
     multiple of 16). `window` > 0: each row sees only its last `window` keys;
-    `softcap` soft-caps the scores."""
+    `softcap` soft-caps the scores. bf16 operands with `bf16_dot_products()`
+    run on bf16 dot products, the softmax weights rounded to bf16 as torch's
+    SDPA rounds them; elsewhere the arithmetic is fp32."""
     if (
         q.dtype not in FLOAT_DTYPES
         or keys.dtype != q.dtype

@@ -4,7 +4,8 @@
 // sliding window only its last `window` of them; `softcap` > 0 soft-caps the
 // scores (Gemma 2). fp32, bf16 or fp16 operands of one dtype; the arithmetic
 // is fp32 (16-bit values widen exactly) and the output takes q's dtype,
-// rounded once, as SDPA rounds it.
+// rounded once, as SDPA rounds it. In the avx512_bf16 build, bf16 operands
+// go to prefill_attention_bf16.cpp instead (bf16 dot products, twice the rate).
 //
 // torch's CPU flash attention runs these shapes (D = 64, hundreds of rows)
 // at 40-55 GFLOP/s on two Zen 4 cores, a seventh of what the projections
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "prefill_attention.h"
 #include "simd.h"
 
 namespace {
@@ -62,14 +64,9 @@ inline void transpose8(__m256 r[8]) {
   }
 }
 
-struct Geometry {
-  int64_t Q, L, H, KVH, D, G, window;
-  float scale, softcap;
-  int64_t key_blocks() const { return (L + 15) / 16 * 2; }  // 8-key blocks, an even count
-  // Keys visible to query row r: [first_key(r), end_key(r)).
-  int64_t end_key(int64_t r) const { return L - Q + r + 1; }
-  int64_t first_key(int64_t r) const { return window > 0 ? std::max<int64_t>(end_key(r) - window, 0) : 0; }
-};
+using kiln_prefill::Geometry;
+
+int64_t key_blocks(const Geometry& s) { return (s.L + 15) / 16 * 2; }  // 8-key blocks, an even count
 
 // Keys of kv head g, block b (keys 8b..8b+7, zeros past L) -> kt[D][8]; values -> vf[L][D] rows, fp32.
 template <typename T>
@@ -160,7 +157,7 @@ void attend_tile(const Geometry& s, const T* q, int64_t q_stride, const float* k
 
 template <typename T>
 void attend_chunk(const Geometry& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out) {
-  const int64_t nb = s.key_blocks();
+  const int64_t nb = key_blocks(s);
   // Uninitialized on purpose (no memset of up to a few MB per layer): every key
   // block is written (zeros past L), and no value row past L is ever read.
   const std::unique_ptr<float[]> kt(new float[s.KVH * nb * 8 * s.D]), vf(new float[s.KVH * nb * 8 * s.D]);
@@ -214,7 +211,11 @@ at::Tensor prefill_attention(const at::Tensor& q_in, const at::Tensor& k_in, con
   const Geometry s{Q, L, H, KVH, D, H / KVH, window, static_cast<float>(scale), static_cast<float>(softcap)};
   switch (dtype) {
     case at::kFloat: attend_chunk<float>(s, q, k, v, out); break;
+#if KILN_AVX512_BF16
+    case at::kBFloat16: kiln_prefill::attend_chunk_bf16(s, q, k, v, out); break;
+#else
     case at::kBFloat16: attend_chunk<c10::BFloat16>(s, q, k, v, out); break;
+#endif
     default: attend_chunk<c10::Half>(s, q, k, v, out); break;
   }
   return out;
