@@ -179,8 +179,7 @@ void attend_tile(const Geometry& s, const bf16* q, int64_t q_stride, const uint3
     }
 }
 
-void attend_chunk(const Geometry& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       at::Tensor& out) {
+void attend_chunk(const Geometry& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out) {
   const int64_t L32 = round_up(s.L, kScoreKeys), pairs = s.D / 2, chunks = s.D / 16;
   const int64_t key_words = L32 * pairs, value_words = L32 / 2 * chunks * 32;  // per kv head
   // Uninitialized on purpose: every block up to L32 is written (zeros past L).
