@@ -51,7 +51,10 @@ def test_stop_string_on_real_text(client):
 
 
 def test_streaming_never_splits_a_multibyte_character(client):
-    messages = [{"role": "user", "content": "Repeat exactly this text: 😀 日本語 café 😀"}]
+    # An answer of emoji (four bytes each, split over tokens). The prompt "Repeat exactly this text:
+    # 😀 日本語 café 😀" answered in emoji until bf16 prefill attention rounded its weights to bf16
+    # (as SDPA does); then a near tie gave plain text, so this prompt's answer is the one checked.
+    messages = [{"role": "user", "content": "Write three emoji: 😀😀😀"}]
     kw = dict(model="smollm2", messages=messages, max_tokens=30, temperature=0)
     # Both answers below start from the same prefix-cache state: a cold prompt and its cached
     # repeat attend in other kernels (a short cached tail with the decodes, a whole prompt in
