@@ -99,6 +99,10 @@ class EngineCore:
         """Raise EngineDeadError if part of the engine (a parallel worker) is gone."""
         self.runner.check_health()
 
+    def warm_kv_pool(self) -> bool:
+        """One piece of idle-time KV pool warming (cache.warm_kv_pool); False when done or off."""
+        return self.config.cache.warm_kv_pool and self.runner.warm_kv_pool()
+
     def shutdown(self) -> None:
         """Release what the runner holds outside this process (parallel workers)."""
         if self.structured is not None:

@@ -56,7 +56,10 @@ class EngineLoop:
         while not self.stopped and self.alive():
             self.core.check_health()  # a dead parallel worker ends the loop with EngineDeadError
             busy = self.core.has_unfinished()
-            aborted = self.handle(self.inbox(0.0 if busy else IDLE_POLL_S))
+            # Idle: fault in a piece of the KV pool (a few ms at most), then
+            # only peek at the inbox until the pool is all in.
+            warming = not busy and self.core.warm_kv_pool()
+            aborted = self.handle(self.inbox(0.0 if busy or warming else IDLE_POLL_S))
             if self.stopped:
                 break
             if self.core.has_unfinished():

@@ -164,6 +164,10 @@ class ParallelRunner:
         if time.monotonic() - self._last_contact > HEARTBEAT_S:
             self._broadcast(Heartbeat())
 
+    def warm_kv_pool(self) -> bool:
+        """The pools live in the ranks' processes: nothing to warm from here."""
+        return False
+
     def _broadcast(self, plan: Plan) -> None:
         try:
             self.last_plan_bytes = broadcast_plan(plan)

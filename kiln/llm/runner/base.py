@@ -51,6 +51,11 @@ class Runner(Protocol):
         """Raise EngineDeadError if a part of the runner (a worker) is gone."""
         ...
 
+    def warm_kv_pool(self) -> bool:
+        """Fault in the next piece of a lazily-paged KV pool (the engine calls it
+        while idle); False once there is nothing (more) to do."""
+        ...
+
     def shutdown(self) -> None:
         """Release what the runner holds outside this process."""
         ...

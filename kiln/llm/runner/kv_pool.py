@@ -7,7 +7,9 @@ seconds, most of it page compaction) and the RSS grows with the blocks
 actually written. Huge pages are still asked for (MADV_HUGEPAGE) unless
 THP_MEM_ALLOC_ENABLE=0, as torch does for its own large tensors (faster
 decode attention: docs/benchmarks.md (Paged attention and the KV pool dtype)).
-On other devices the pool is torch.zeros.
+The engine faults the pool in while it is idle (runner/kv_warm.py), so the
+first writes of a burst of requests do not stall steps. On other devices the
+pool is torch.zeros.
 """
 from __future__ import annotations
 

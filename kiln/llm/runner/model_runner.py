@@ -10,6 +10,7 @@ from kiln.llm.models.llama import LlamaModel
 from kiln.llm.request import Request
 from kiln.llm.runner.inputs import ModelInputs, build_inputs
 from kiln.llm.runner.kv_pool import kv_pool_tensor
+from kiln.llm.runner.kv_warm import KvPoolWarmer
 from kiln.llm.runner.prompt_outputs import Pooler, prompt_logprobs, wants_prompt_outputs
 from kiln.llm.sampling.sampler import Sampler
 from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
@@ -52,6 +53,7 @@ class ModelRunner:
             kv_pool_tensor((2, num_blocks * block_size, a.num_kv_heads, a.head_dim), dtype, device)
             for _ in range(a.num_layers)
         ]
+        self.kv_warmer = KvPoolWarmer(self.kv_caches)
         self.sampler = Sampler(device, seed)
         self.proposer: Proposer | None = None  # set when speculative decoding is on
         self.cuda_graphs: CudaGraphRunner | None = None  # decode graphs, set by the builder on CUDA
@@ -69,6 +71,9 @@ class ModelRunner:
 
     def check_health(self) -> None:
         """Nothing outside this process to lose (see ParallelRunner)."""
+
+    def warm_kv_pool(self) -> bool:
+        return self.kv_warmer.step()
 
     def shutdown(self) -> None:
         pass

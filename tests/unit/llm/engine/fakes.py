@@ -57,6 +57,9 @@ class ScriptedRunner:
     def check_health(self) -> None:
         pass
 
+    def warm_kv_pool(self) -> bool:
+        return False
+
     def shutdown(self) -> None:
         self.closed = True
 
