@@ -11,6 +11,9 @@ one that passes it without an answer is *lost*.
 Then the server is left alone until nothing runs or waits; the report gives
 RSS of the server and its engine process (at start, right after, at idle) and
 the KV-cache use at idle (`kiln:kv_cache_usage_perc`, 0 when nothing leaked).
+The engine faults its KV pool in while idle, so its RSS rises by the pool's
+size in the first seconds after start whatever the load; put
+`--no-warm-kv-pool` in `--serve-args` to read the growth of RSS alone.
 
     .venv/bin/python bench/soak.py --duration-s 600
     .venv/bin/python bench/soak.py --url http://127.0.0.1:8000 --server-pid 1234
