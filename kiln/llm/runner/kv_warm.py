@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import sys
 from collections.abc import Callable, Iterator, Sequence
 
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h
 PIECE_BYTES = 2 << 20  # one huge page: ~4 ms to fault in at the slow rate above
-PAGE_BYTES = 4096
+PAGE_BYTES = mmap.PAGESIZE  # madvise wants a page-aligned start
 
 
 def pool_pieces(pools: Sequence[torch.Tensor], piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[int, int]]:
