@@ -43,6 +43,7 @@
 // ops per expert cost ~1 ms per layer at 16 tokens (a quarter of the block).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -153,6 +154,62 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorLis
   return residual + out;
 }
 
+// Every layer of a dense model (no MoE block) for one decode-only step: the
+// layers' tensors and options are held once (add_layer, at load), so a step is
+// one call (run) instead of one decode_layer call per layer, whose ~29
+// arguments cost the Python caller and the dispatcher more than a 1-row
+// layer's small ops. run calls decode_layer layer by layer, so its output is
+// bit-identical to the per-layer calls.
+struct DecodeStack : torch::CustomClassHolder {
+  struct Layer {
+    std::vector<at::Tensor> qkv, o, gate_up, down;
+    int64_t group_size;
+    at::Tensor input_norm, post_norm;
+    std::optional<at::Tensor> qkv_bias, q_norm, k_norm, attn_out_norm, mlp_out_norm;
+    int64_t window;
+    double scale, softcap;
+    bool gelu, local_rope;
+  };
+  double eps;
+  int64_t num_heads, num_kv_heads, head_dim, rotary_dim;
+  std::vector<Layer> layers;
+
+  DecodeStack(double eps, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t rotary_dim)
+      : eps(eps), num_heads(num_heads), num_kv_heads(num_kv_heads), head_dim(head_dim), rotary_dim(rotary_dim) {}
+
+  void add_layer(std::vector<at::Tensor> qkv, std::vector<at::Tensor> o, std::vector<at::Tensor> gate_up,
+                 std::vector<at::Tensor> down, int64_t group_size, at::Tensor input_norm, at::Tensor post_norm,
+                 std::optional<at::Tensor> qkv_bias, std::optional<at::Tensor> q_norm,
+                 std::optional<at::Tensor> k_norm, int64_t window, double scale, double softcap,
+                 std::optional<at::Tensor> attn_out_norm, std::optional<at::Tensor> mlp_out_norm, bool gelu,
+                 bool local_rope) {
+    layers.push_back(Layer{std::move(qkv), std::move(o), std::move(gate_up), std::move(down), group_size,
+                           std::move(input_norm), std::move(post_norm), std::move(qkv_bias), std::move(q_norm),
+                           std::move(k_norm), std::move(attn_out_norm), std::move(mlp_out_norm), window, scale,
+                           softcap, gelu, local_rope});
+  }
+
+  int64_t size() const { return static_cast<int64_t>(layers.size()); }
+
+  // kv_caches: one per layer; (local_cos, local_sin): the tables of layers with local_rope.
+  at::Tensor run(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& local_cos,
+                 const at::Tensor& local_sin, const std::vector<at::Tensor>& kv_caches,
+                 const at::Tensor& slot_mapping, const std::vector<at::Tensor>& block_tables,
+                 const std::vector<at::Tensor>& context_lens, int64_t block_size) const {
+    TORCH_CHECK(kv_caches.size() == layers.size(), "DecodeStack.run: one KV cache per layer (", layers.size(),
+                "), got ", kv_caches.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Layer& f = layers[i];
+      x = decode_layer(x, f.qkv, f.o, f.gate_up, f.down, f.group_size, f.input_norm, f.post_norm, eps,
+                       f.local_rope ? local_cos : cos, f.local_rope ? local_sin : sin, kv_caches[i], slot_mapping,
+                       block_tables, context_lens, block_size, num_heads, num_kv_heads, head_dim, f.qkv_bias,
+                       f.q_norm, f.k_norm, rotary_dim, f.window, f.scale, f.softcap, f.attn_out_norm,
+                       f.mlp_out_norm, f.gelu);
+    }
+    return x;
+  }
+};
+
 at::Tensor expert_mlp(const at::Tensor& x, at::TensorList gate_up_w, at::TensorList down_w, int64_t group_size) {
   return project(kiln::silu_mul(project(x, gate_up_w, group_size)), down_w, group_size);
 }
@@ -253,6 +310,11 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def(
       "moe_experts(Tensor h, Tensor ids, Tensor weights, Tensor[] gate_up_w, Tensor[] down_w, int num_experts, "
       "int group_size) -> Tensor");
+  m.class_<DecodeStack>("DecodeStack")
+      .def(torch::init<double, int64_t, int64_t, int64_t, int64_t>())
+      .def("add_layer", &DecodeStack::add_layer)
+      .def("size", &DecodeStack::size)
+      .def("run", &DecodeStack::run);
 }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("decode_layer", decode_layer);

@@ -171,6 +171,33 @@ def with_extras(
     )
 
 
+class FusedLayers(list[FusedLayer]):
+    """LlamaModel.gather_fused_layers' layers; where every one is dense (no MoE
+    block, whose routing runs in Python between the kernel's halves), also held
+    once in a `kiln.DecodeStack`, so a step is one kernel call, not one per
+    layer (whose arguments cost a 1-row step more than its small ops; see
+    docs/benchmarks.md (One call per decode step)). Not to be changed after
+    construction: the stack holds what the list held then."""
+
+    def __init__(self, layers: list[FusedLayer], arch: ModelArch):
+        super().__init__(layers)
+        self.stack = decode_stack(layers, arch)
+
+
+def decode_stack(layers: list[FusedLayer], arch: ModelArch) -> torch.ScriptObject | None:
+    if not layers or any(f.moe is not None for f in layers):
+        return None
+    stack = torch.classes.kiln.DecodeStack(
+        arch.rms_norm_eps, arch.num_heads, arch.num_kv_heads, arch.head_dim, arch.rotary_dim or 0
+    )
+    for f in layers:
+        stack.add_layer(
+            f.qkv, f.o, f.gate_up, f.down, f.group_size, f.input_norm, f.post_norm, f.qkv_bias, f.q_norm,
+            f.k_norm, f.window, f.scale, f.softcap, f.attn_out_norm, f.mlp_out_norm, f.gelu, f.local_rope,
+        )
+    return stack
+
+
 def applies(meta: AttentionMetadata, num_tokens: int, dtype: torch.dtype = torch.float32) -> bool:
     return not meta.prefills and meta.num_decodes == num_tokens <= packed_min_rows(dtype)
 
@@ -187,6 +214,11 @@ def run(
     a = arch
     tables = [g.block_tables for g in meta.decode_groups]
     lens = [g.context_lens for g in meta.decode_groups]
+    stack = getattr(layers, "stack", None)
+    if stack is not None:
+        return stack.run(
+            x, *rope, *local_rope, kv_caches[: len(layers)], meta.slot_mapping, tables, lens, meta.block_size
+        )
     rotary_dim = a.rotary_dim or 0
     for f, kv_cache in zip(layers, kv_caches, strict=False):
         cos, sin = local_rope if f.local_rope else rope

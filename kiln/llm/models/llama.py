@@ -157,7 +157,7 @@ class LlamaModel(nn.Module):
         # float head stays too: the embedding lookup (tied) and steps of few rows read it,
         self.lm_head_packed: torch.Tensor | None = None
         # each layer's tensors for decode-only steps in one kernel call per layer.
-        self.fused_layers: list[fused_decode.FusedLayer] | None = None
+        self.fused_layers: fused_decode.FusedLayers | None = None
 
     def make_layer(self, layer: int, backend: AttentionBackend) -> nn.Module:
         """Decoder layer `layer` (a subclass's family may build its own)."""
@@ -245,7 +245,7 @@ class LlamaModel(nn.Module):
             x = layer(x, local if layer.self_attn.uses_local_rope else rope, kv_cache, meta)
         return self.norm(x)
 
-    def gather_fused_layers(self) -> list[fused_decode.FusedLayer] | None:
+    def gather_fused_layers(self) -> fused_decode.FusedLayers | None:
         """Each layer's tensors for kiln::decode_layer (a MoE layer: kiln::decode_attention
         and its MoE block), or None where it does not apply (see fused_decode).
         Call on the finished model: the lists alias the current weights."""
@@ -272,7 +272,7 @@ class LlamaModel(nn.Module):
             if extended is None:
                 return None
             layers.append(extended)
-        return layers
+        return fused_decode.FusedLayers(layers, self.arch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of `hidden`'s rows."""

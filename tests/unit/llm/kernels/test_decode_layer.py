@@ -147,6 +147,32 @@ def test_gemma_layers_fuse_bit_identically(arch, mode, batch):
     assert_fused_step_is_the_module_path(model, batch, model.embed_tokens.dtype)
 
 
+@pytest.mark.parametrize("arch,mode", [(ARCH, "fp32"), (ARCH, "bf16"), (ARCH, "int4-bf16"), (GEMMA3_ARCH, "fp32")])
+def test_a_dense_model_steps_in_one_stack_call_bit_identical_to_per_layer_calls(arch, mode):
+    model = model_in(mode, arch)
+    layers = model.fused_layers
+    assert layers is not None and layers.stack is not None and layers.stack.size() == arch.num_layers
+    ids, positions, pool, meta = decode_step(5, model.embed_tokens.dtype)
+    per_layer_pool = [p.clone() for p in pool]
+    stack = layers.stack
+    with torch.inference_mode():
+        stacked = model(ids, positions, pool, meta)
+        layers.stack = None  # fused_decode.run falls back to one kiln::decode_layer call per layer
+        per_layer = model(ids, positions, per_layer_pool, meta)
+    layers.stack = stack
+    assert torch.equal(stacked, per_layer)
+    assert all(torch.equal(a, b) for a, b in zip(pool, per_layer_pool, strict=True))
+
+
+def test_moe_models_keep_per_layer_calls_and_the_stack_checks_its_pools():
+    assert model_in("fp32", MOE_ARCH).fused_layers.stack is None  # routing runs in Python between the halves
+    stack = model_in("fp32").fused_layers.stack
+    ids, positions, pool, meta = decode_step(1)
+    x, cos = torch.zeros(1, ARCH.hidden_size), torch.zeros(1, ARCH.head_dim)
+    with pytest.raises(RuntimeError, match="one KV cache per layer"):
+        stack.run(x, cos, cos, cos, cos, pool[:2], meta.slot_mapping, [], [], BLOCK)
+
+
 def test_applies_only_to_small_decode_only_steps():
     _, _, _, meta = decode_step(4)
     assert fused_decode.applies(meta, 4)
