@@ -34,6 +34,7 @@ from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.families.common import llama_weight_map
 from kiln.llm.models.mlp import LlamaMLP, no_reduce
 from kiln.llm.models.moe import SparseMoeBlock
+from kiln.llm.models.weight_arena import gather_weights
 from kiln.llm.models.weight_map import WeightMap
 from kiln.llm.quant.apply import HEAD_METHOD, quantize_linears, quantize_weight
 from kiln.llm.quant.formats.stored import QuantizedWeight, StoredWeights, settle_prequantized
@@ -175,7 +176,8 @@ class LlamaModel(nn.Module):
         KV pool's dtype (default: `dtype`); projections quantized as
         `quantization` says; cast to `dtype`; a bf16 model's int4 projections in
         lane layout where the CPU has bf16 dot products; fp32 CPU projections
-        packed for prefill; decode layers fused.
+        packed for prefill; on CPU the weights moved into one allocation
+        (weight_arena); decode layers fused.
 
         `quantization`: None keeps the projections a pre-quantized checkpoint
         stored quantized (load_weights installed them) and the rest float;
@@ -199,6 +201,8 @@ class LlamaModel(nn.Module):
             self.lm_head_packed = pack_linear_weight(self.lm_head)
             if quantization is None and stored_head is not None:
                 self.logits_head = stored_head.head(self.lm_head, self.lm_head_packed)
+        if device.type == "cpu":
+            gather_weights(self)
         self.fused_layers = self.gather_fused_layers()
         return self
 

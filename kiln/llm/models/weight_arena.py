@@ -1,0 +1,75 @@
+"""A finished CPU model's weights moved into one allocation, in module order.
+
+Loading leaves each weight in its own allocation; the small ones (a 135M
+model's int4 projections are 0.1-0.9 MB each) come from the heap on 4 KiB
+pages, scattered. A decode step streams every weight once, so each 4 KiB page
+is a TLB miss (two-level walks in a VM) and each allocation a new stream for
+the prefetchers. One allocation holds them all on huge pages (torch asks for
+them above 2 MiB; kiln/__init__.py sets THP_MEM_ALLOC_ENABLE), laid out in
+the order a step reads them. Batch-1 decode of the default model, Zen 4, 2
+threads: 1.06-1.24x in three alternated process pairs (docs/benchmarks.md
+(One call per decode step; the weights in one allocation)).
+
+Parameters keep their identity (`param.data` is rebound), so tied weights
+stay tied; buffers are replaced in their module. A tensor that does not own
+its whole storage (a view), is not a dense CPU tensor, was made under
+inference mode (its `data` cannot be rebound to a normal tensor), or whose
+storage another parameter or buffer shares stays where it is.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+ALIGN = 64  # bytes: a cache line, and every dtype's alignment
+
+
+def _owns_its_storage(t: torch.Tensor) -> bool:
+    return (
+        t.device.type == "cpu" and t.layout == torch.strided and not t.is_mkldnn and not t.is_inference()
+        and t.is_contiguous()
+        and t.numel() > 0 and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    )
+
+
+def _movable(model: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    """(module, name, tensor) of every parameter and buffer to move, each tensor once, in module order."""
+    found: list[tuple[nn.Module, str, torch.Tensor]] = []
+    seen: set[int] = set()
+    storages: dict[int, int] = {}
+    for module in model.modules():
+        for name, t in [*module._parameters.items(), *module._buffers.items()]:
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            ptr = t.untyped_storage().data_ptr() if t.device.type == "cpu" and t.layout == torch.strided else 0
+            storages[ptr] = storages.get(ptr, 0) + 1
+            found.append((module, name, t))
+    return [(m, n, t) for m, n, t in found if _owns_its_storage(t) and storages[t.untyped_storage().data_ptr()] == 1]
+
+
+def _padded(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+def gather_weights(model: nn.Module) -> int:
+    """Move `model`'s weights into one allocation (see the module docstring); returns
+    the bytes moved. Call before anything keeps references to the tensors
+    themselves (the fused decode layers): those would keep the old copies."""
+    tensors = _movable(model)
+    total = sum(_padded(t.numel() * t.element_size()) for _, _, t in tensors)
+    if total == 0:
+        return 0
+    arena = torch.empty(total, dtype=torch.uint8)
+    offset = 0
+    for module, name, t in tensors:
+        nbytes = t.numel() * t.element_size()
+        view = arena[offset : offset + nbytes].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        if name in module._parameters:
+            t.data = view
+        else:
+            module._buffers[name] = view
+        offset += _padded(nbytes)
+    return total
