@@ -243,8 +243,9 @@ class LlamaModel(nn.Module):
         x = self.embed(input_ids)
         rope = self.rotary.tables(positions)
         local = self.local_rotary.tables(positions) if self.local_rotary is not None else rope
-        if self.fused_layers is not None and fused_decode.applies(meta, x.shape[0], x.dtype):
-            return self.norm(fused_decode.run(self.fused_layers, self.arch, x, rope, kv_caches, meta, local))
+        fused = self.fused_layers
+        if fused is not None and fused_decode.applies(meta, x.shape[0], x.dtype, getattr(fused, "max_rows", -1)):
+            return self.norm(fused_decode.run(fused, self.arch, x, rope, kv_caches, meta, local))
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=False):
             x = layer(x, local if layer.self_attn.uses_local_rope else rope, kv_cache, meta)
         return self.norm(x)

@@ -21,6 +21,7 @@ from kiln.llm.models.arch import LlamaArch, MoEShape
 from kiln.llm.models.gemma import GemmaModel
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.moe import SparseMoeBlock
+from kiln.llm.quant.int4_lanes import Int4LaneLinear
 from kiln.llm.quant.int8_activations import use_int8_activations
 from kiln.llm.runner.inputs import decode_group
 
@@ -181,6 +182,23 @@ def test_applies_only_to_small_decode_only_steps():
     assert not fused_decode.applies(big, PACKED_MIN_ROWS + 1)  # the module path switches to oneDNN there
     mixed = dataclasses.replace(meta, prefills=[PrefillSeq(4, 3, 3, None)])
     assert not fused_decode.applies(mixed, 4)
+
+
+@pytest.mark.parametrize("mode,limit", [("int4-bf16", None), ("bf16", packed_min_rows(torch.bfloat16)),
+                                        ("int4", PACKED_MIN_ROWS), ("fp32", PACKED_MIN_ROWS)])
+def test_lane_layout_models_step_fused_at_any_row_count(mode, limit):
+    """int4 in lane layout runs the same kernel at every row count on the module path, so the
+    fused layers take decode steps of any size there; the others stop where oneDNN takes over."""
+    model = model_in(mode)
+    if limit is None and not any(type(m) is Int4LaneLinear for m in model.modules()):
+        limit = packed_min_rows(torch.bfloat16)  # a build without bf16 dot products keeps Int4CpuLinear
+    assert model.fused_layers.max_rows == limit
+    _, _, _, meta = decode_step(4)
+    many = dataclasses.replace(meta, num_decodes=100)
+    assert fused_decode.applies(many, 100, model.embed_tokens.dtype, model.fused_layers.max_rows) == (limit is None)
+    if limit is None:
+        assert_fused_step_is_the_module_path(model, 20, torch.bfloat16)  # two decode groups, fused
+    assert model_in("int4-bf16", MOE_ARCH).fused_layers.max_rows == packed_min_rows(torch.bfloat16)
 
 
 def test_bf16_models_step_fused_up_to_their_own_row_limit():
