@@ -7,8 +7,9 @@ is a TLB miss (two-level walks in a VM) and each allocation a new stream for
 the prefetchers. One allocation holds them all on huge pages (torch asks for
 them above 2 MiB; kiln/__init__.py sets THP_MEM_ALLOC_ENABLE), laid out in
 the order a step reads them. Batch-1 decode of the default model, Zen 4, 2
-threads: 1.06-1.24x in three alternated process pairs (docs/benchmarks.md
-(One call per decode step; the weights in one allocation)).
+threads, 15 alternated process pairs: median 1.06x (0.88-1.24x: this box's
+noise is as large; docs/benchmarks.md (One call per decode step; ...; the
+weights in one allocation)); prefill and RSS unchanged.
 
 Parameters keep their identity (`param.data` is rebound), so tied weights
 stay tied; buffers are replaced in their module. A tensor that does not own
