@@ -27,16 +27,17 @@ ALIGN = 64  # bytes: a cache line, and every dtype's alignment
 
 def _owns_its_storage(t: torch.Tensor) -> bool:
     return (
-        t.device.type == "cpu" and t.layout == torch.strided and not t.is_mkldnn and not t.is_inference()
-        and t.is_contiguous()
-        and t.numel() > 0 and t.storage_offset() == 0
+        t.device.type == "cpu" and t.layout == torch.strided and not t.is_mkldnn and not t.is_quantized
+        and not t.is_inference() and t.is_contiguous() and t.numel() > 0 and t.storage_offset() == 0
         and t.untyped_storage().nbytes() == t.numel() * t.element_size()
     )
 
 
-def _movable(model: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]]:
-    """(module, name, tensor) of every parameter and buffer to move, each tensor once, in module order."""
-    found: list[tuple[nn.Module, str, torch.Tensor]] = []
+def _movable(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, name) of every parameter and buffer to move, each tensor once, in module order.
+    Names only: holding the tensors here would keep every replaced buffer alive until the
+    move ends (twice the weights' memory at the peak)."""
+    found: list[tuple[nn.Module, str, int]] = []
     seen: set[int] = set()
     storages: dict[int, int] = {}
     for module in model.modules():
@@ -46,8 +47,16 @@ def _movable(model: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor]]:
             seen.add(id(t))
             ptr = t.untyped_storage().data_ptr() if t.device.type == "cpu" and t.layout == torch.strided else 0
             storages[ptr] = storages.get(ptr, 0) + 1
-            found.append((module, name, t))
-    return [(m, n, t) for m, n, t in found if _owns_its_storage(t) and storages[t.untyped_storage().data_ptr()] == 1]
+            if _owns_its_storage(t):
+                found.append((module, name, ptr))
+    return [(m, n) for m, n, ptr in found if storages[ptr] == 1]
+
+
+def _tensor(module: nn.Module, name: str) -> torch.Tensor:
+    t: torch.Tensor | None = module._parameters[name] if name in module._parameters else module._buffers[name]
+    if t is None:  # _movable names only tensors that are set
+        raise KeyError(name)
+    return t
 
 
 def _padded(nbytes: int) -> int:
@@ -58,19 +67,20 @@ def gather_weights(model: nn.Module) -> int:
     """Move `model`'s weights into one allocation (see the module docstring); returns
     the bytes moved. Call before anything keeps references to the tensors
     themselves (the fused decode layers): those would keep the old copies."""
-    tensors = _movable(model)
-    total = sum(_padded(t.numel() * t.element_size()) for _, _, t in tensors)
+    names = _movable(model)
+    total = sum(_padded(_tensor(m, n).nbytes) for m, n in names)
     if total == 0:
         return 0
     arena = torch.empty(total, dtype=torch.uint8)
     offset = 0
-    for module, name, t in tensors:
-        nbytes = t.numel() * t.element_size()
-        view = arena[offset : offset + nbytes].view(t.dtype).view(t.shape)
+    for module, name in names:
+        t = _tensor(module, name)
+        view = arena[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
         view.copy_(t)
+        offset += _padded(t.nbytes)
         if name in module._parameters:
-            t.data = view
+            t.data = view  # the Parameter stays the same object; its old storage is freed here
         else:
             module._buffers[name] = view
-        offset += _padded(nbytes)
+        del t  # a replaced buffer is freed now, not at the end
     return total
