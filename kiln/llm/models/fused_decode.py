@@ -214,12 +214,9 @@ def decode_stack(layers: list[FusedLayer], arch: ModelArch) -> torch.ScriptObjec
     return stack
 
 
-def applies(
-    meta: AttentionMetadata, num_tokens: int, dtype: torch.dtype = torch.float32, max_rows: int | None = -1
-) -> bool:
-    """A decode-only step of at most `max_rows` rows (None: any; -1: packed_min_rows(dtype))."""
-    limit = packed_min_rows(dtype) if max_rows == -1 else max_rows
-    return not meta.prefills and meta.num_decodes == num_tokens and (limit is None or num_tokens <= limit)
+def applies(meta: AttentionMetadata, num_tokens: int, max_rows: int | None) -> bool:
+    """A decode-only step of at most `max_rows` rows (the layers' row_limit; None: any)."""
+    return not meta.prefills and meta.num_decodes == num_tokens and (max_rows is None or num_tokens <= max_rows)
 
 
 Rope = tuple[torch.Tensor, torch.Tensor]

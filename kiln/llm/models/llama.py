@@ -244,7 +244,7 @@ class LlamaModel(nn.Module):
         rope = self.rotary.tables(positions)
         local = self.local_rotary.tables(positions) if self.local_rotary is not None else rope
         fused = self.fused_layers
-        if fused is not None and fused_decode.applies(meta, x.shape[0], x.dtype, getattr(fused, "max_rows", -1)):
+        if fused is not None and fused_decode.applies(meta, x.shape[0], fused.max_rows):
             return self.norm(fused_decode.run(fused, self.arch, x, rope, kv_caches, meta, local))
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=False):
             x = layer(x, local if layer.self_attn.uses_local_rope else rope, kv_cache, meta)

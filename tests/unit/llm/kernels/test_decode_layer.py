@@ -176,12 +176,14 @@ def test_moe_models_keep_per_layer_calls_and_the_stack_checks_its_pools():
 
 def test_applies_only_to_small_decode_only_steps():
     _, _, _, meta = decode_step(4)
-    assert fused_decode.applies(meta, 4)
-    assert not fused_decode.applies(meta, 5)  # rows that are not decodes
+    limit = model_in("fp32").fused_layers.max_rows
+    assert limit == PACKED_MIN_ROWS
+    assert fused_decode.applies(meta, 4, limit)
+    assert not fused_decode.applies(meta, 5, limit)  # rows that are not decodes
     big = dataclasses.replace(meta, num_decodes=PACKED_MIN_ROWS + 1)
-    assert not fused_decode.applies(big, PACKED_MIN_ROWS + 1)  # the module path switches to oneDNN there
+    assert not fused_decode.applies(big, PACKED_MIN_ROWS + 1, limit)  # the module path switches to oneDNN there
     mixed = dataclasses.replace(meta, prefills=[PrefillSeq(4, 3, 3, None)])
-    assert not fused_decode.applies(mixed, 4)
+    assert not fused_decode.applies(mixed, 4, limit)
 
 
 @pytest.mark.parametrize("mode,limit", [("int4-bf16", None), ("bf16", packed_min_rows(torch.bfloat16)),
@@ -195,7 +197,7 @@ def test_lane_layout_models_step_fused_at_any_row_count(mode, limit):
     assert model.fused_layers.max_rows == limit
     _, _, _, meta = decode_step(4)
     many = dataclasses.replace(meta, num_decodes=100)
-    assert fused_decode.applies(many, 100, model.embed_tokens.dtype, model.fused_layers.max_rows) == (limit is None)
+    assert fused_decode.applies(many, 100, model.fused_layers.max_rows) == (limit is None)
     if limit is None:
         assert_fused_step_is_the_module_path(model, 20, torch.bfloat16)  # two decode groups, fused
     assert model_in("int4-bf16", MOE_ARCH).fused_layers.max_rows == packed_min_rows(torch.bfloat16)
@@ -203,10 +205,11 @@ def test_lane_layout_models_step_fused_at_any_row_count(mode, limit):
 
 def test_bf16_models_step_fused_up_to_their_own_row_limit():
     _, _, _, meta = decode_step(4)
-    limit = packed_min_rows(torch.bfloat16)
+    limit = model_in("bf16").fused_layers.max_rows
+    assert limit == packed_min_rows(torch.bfloat16)
     many = dataclasses.replace(meta, num_decodes=limit)
-    assert fused_decode.applies(many, limit, torch.bfloat16)
-    assert not fused_decode.applies(dataclasses.replace(meta, num_decodes=limit + 1), limit + 1, torch.bfloat16)
+    assert fused_decode.applies(many, limit, limit)
+    assert not fused_decode.applies(dataclasses.replace(meta, num_decodes=limit + 1), limit + 1, limit)
 
 
 def test_models_it_cannot_serve_keep_the_module_path():
