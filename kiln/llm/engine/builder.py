@@ -13,7 +13,7 @@ from kiln.llm.device import require_device
 from kiln.llm.engine.activation_profile import measure_activation_peak
 from kiln.llm.engine.core import EngineCore
 from kiln.llm.engine.heap import trim_heap
-from kiln.llm.engine.kv_sizing import MemoryReader, blocks_for, kv_pool_bytes
+from kiln.llm.engine.kv_sizing import MemoryReader, available_memory_bytes, blocks_for, kv_pool_bytes
 from kiln.llm.engine.loop import memory_bytes
 from kiln.llm.engine.progress import Progress
 from kiln.llm.models import registry
@@ -26,6 +26,7 @@ from kiln.llm.parallel.executor import ParallelRunner
 from kiln.llm.parallel.layout import check_splittable
 from kiln.llm.parallel.shard_builder import kv_bytes_per_block_per_rank
 from kiln.llm.parallel.weights import DictReader, open_weights
+from kiln.llm.quant.int4_lanes import keep_prefill_copies
 from kiln.llm.quant.int8_activations import use_int8_activations
 from kiln.llm.quant.q8_0_head import Q8_0Weight
 from kiln.llm.runner.cuda_graphs import build_cuda_graphs
@@ -55,6 +56,7 @@ def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weigh
     m = config.model
     model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config),
                  stored_head=stored_head)
+    keep_prefill_copies(model, m.int4_prefill_weights, available_memory_bytes(device))
     if m.int4_activations == "int8":
         switched = use_int8_activations(model)
         # Gathered again: the fused decode layer's int4 projections now take int8 activations too.

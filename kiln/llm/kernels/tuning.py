@@ -42,6 +42,16 @@ Q8_0_HEAD_MAX_ROWS = 6
 # memory: there oneDNN led from 64 rows (2.17 vs 2.55 ms).
 INT4_BF16_DEQUANT_MIN_ROWS = 128
 
+# Rows from which a bf16 model's int4 lane projection (kiln::linear_w4l_bf16) runs oneDNN on its packed bf16
+# copy instead, where `--int4-prefill-weights` kept one (kiln/llm/quant/int4_lanes.py). The lane kernel applies
+# each group's scale and min in fp32 (two FMAs per sixteen vdpbf16ps per output vector: removing them, for a
+# ceiling only, made it 1.13x faster), so from ~100 rows oneDNN's packed GEMM on the rounded weights wins.
+# SmolLM2's 120 lane projections, AMD EPYC Zen 4, 2 threads, GFLOP/s lanes / packed: 32 rows 305 / 238;
+# 64: 351 / 337; 96: 356 / 363; 128: 341 / 358; 256: 362 / 405; 300: 357-368 / 383-412; 1024: 361-367 /
+# 407-425; 2048: 349-350 / 415-417 (2026-12-05; the peak of vdpbf16ps there: 469). Re-tune: a pass of the
+# projections at those rows, docs/benchmarks.md ("A bf16 copy of the int4 projections for prompts").
+INT4_LANES_PACKED_MIN_ROWS = 128
+
 # Decode rows attended as one padded batch: bigger groups pad more keys, smaller ones make more calls.
 # Re-tune: bench/decode_step.py (B running requests of mixed context length).
 DECODE_GROUP_SIZE = 16

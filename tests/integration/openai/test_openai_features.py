@@ -80,7 +80,7 @@ def test_streamed_json_schema_validates(client):
 def test_required_tool_call_parses_with_the_client_helper(client):
     out = client.chat.completions.parse(
         model=MODEL, messages=ask("What is the weather in Paris?"), tools=[openai.pydantic_function_tool(GetWeather)],
-        tool_choice="required", max_tokens=60, temperature=0,
+        tool_choice="required", max_tokens=100, temperature=0,  # room for pretty-printed arguments
     )
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls"

@@ -1,15 +1,21 @@
 """int4 in lane layout (a bf16 model's int4 projections on CPUs with bf16 dot
 products): the layout bit by bit, the kernel against fp64 on the dequantized
-weight, a row's bits whatever the batch, the fallback, and the swap in a
-finished model."""
+weight, a row's bits whatever the batch, the fallback, the swap in a
+finished model, and the packed bf16 copy for steps of many rows
+(`--int4-prefill-weights`)."""
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.config import ModelConfig
+from kiln.errors import ConfigError
 from kiln.llm.kernels import ops
+from kiln.llm.kernels.tuning import INT4_LANES_PACKED_MIN_ROWS
 from kiln.llm.quant.int4_cpu import Int4CpuLinear, pack_codes, quantize_int4_fp16, unpack_codes
-from kiln.llm.quant.int4_lanes import Int4LaneLinear, from_lanes, lay_out_lanes, to_lanes
+from kiln.llm.quant.int4_lanes import Int4LaneLinear, from_lanes, keep_prefill_copies, lay_out_lanes, to_lanes
 
 needs_bf16_kernel = pytest.mark.skipif(
     not ops.bf16_dot_products(), reason="no bf16 dot products in the loaded kernel build (no AVX512_BF16)"
@@ -98,3 +104,58 @@ def test_unpack_of_lanes_matches_the_codes_layout():
     lanes, params = to_lanes(unpack_codes(layer.codes), layer.scale_min, 64)
     q, scale_min = from_lanes(lanes, params)
     assert torch.equal(pack_codes(q), layer.codes) and torch.equal(scale_min, layer.scale_min)
+
+
+@needs_bf16_kernel
+def test_the_packed_copy_takes_steps_from_the_threshold_and_the_lanes_below_it():
+    layer = Int4LaneLinear.from_int4_cpu(int4_layer(64, 576, 32))
+    plain = Int4LaneLinear.from_int4_cpu(int4_layer(64, 576, 32))
+    assert layer.pack() >= 2 * 64 * 576 and layer.packed is not None
+    rounded = ops.pack_linear_weight(layer.dequantized_weight().bfloat16())
+    x = torch.randn(INT4_LANES_PACKED_MIN_ROWS + 40, 576, generator=torch.Generator().manual_seed(3)).bfloat16()
+    below = x[: INT4_LANES_PACKED_MIN_ROWS - 1]
+    assert torch.equal(layer(below), plain(below))  # the int4 lanes, unrounded weights
+    for rows in (INT4_LANES_PACKED_MIN_ROWS, INT4_LANES_PACKED_MIN_ROWS + 40):
+        y = layer(x[:rows].reshape(2, rows // 2, 576))  # leading dims kept
+        assert y.shape == (2, rows // 2, 64)
+        assert torch.equal(y.reshape(rows, 64), ops.linear_packed(x[:rows], rounded))
+    # The rounded weights stay within the bf16 rounding of the unrounded ones' products.
+    w = layer.dequantized_weight().double()
+    ref, magnitude = x.double() @ w.T, x.double().abs() @ w.abs().T
+    assert ((layer(x).double() - ref).abs() <= 2 * torch.finfo(torch.bfloat16).eps * magnitude + 1e-6).all()
+
+
+class LaneProjections(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Int4LaneLinear.from_int4_cpu(int4_layer(32, 128, 32))
+        self.b = Int4LaneLinear.from_int4_cpu(int4_layer(16, 64, 32, seed=1))
+
+
+NEED = 2 * (32 * 128 + 16 * 64)  # bytes of both copies in bf16
+
+
+@needs_bf16_kernel
+@pytest.mark.parametrize(
+    "choice,available,kept",
+    [("int4", 1 << 40, False), ("auto", None, False), ("auto", 8 * NEED - 1, False), ("auto", 8 * NEED, True),
+     ("bf16", None, True), ("bf16", 1, True)],
+)
+def test_copies_are_kept_as_the_option_and_the_available_memory_say(choice, available, kept):
+    model = LaneProjections()
+    assert (keep_prefill_copies(model, choice, available) >= NEED) is kept
+    assert all((m.packed is not None) is kept for m in (model.a, model.b))
+
+
+def test_bf16_copies_without_lane_projections_warn_and_keep_nothing(caplog):
+    model = TwoProjections()  # Int4CpuLinear: not laid out (an fp32 model, or no AVX512_BF16)
+    with caplog.at_level(logging.WARNING, logger="kiln.llm.quant.int4_lanes"):
+        assert keep_prefill_copies(model, "bf16", 1 << 40) == 0
+    assert "no int4 projections in lane layout" in caplog.text
+    assert keep_prefill_copies(model, "auto", 1 << 40) == 0
+
+
+def test_an_unknown_choice_is_a_config_error():
+    with pytest.raises(ConfigError, match="int4_prefill_weights must be one of .*got 'fp8'") as err:
+        ModelConfig(int4_prefill_weights="fp8")
+    assert err.value.param == "int4_prefill_weights"
