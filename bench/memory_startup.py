@@ -98,6 +98,7 @@ def run_phases(model: str | None, kv_gib: float | None) -> dict:
         return result
 
     llama.LlamaModel.finish = finish_timed
+    builder.keep_prefill_copies = timed(phases, "int4 prefill copies (bf16)", builder.keep_prefill_copies)
     builder.ModelRunner = timed(phases, "KV pool alloc", builder.ModelRunner, "KV sizing")
     if hasattr(builder, "trim_heap"):
         builder.trim_heap = timed(phases, "checkpoint release + heap trim", builder.trim_heap)
