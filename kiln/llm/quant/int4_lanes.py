@@ -164,9 +164,10 @@ def keep_prefill_copies(model: nn.Module, choice: str, available: int | None) ->
     need = sum(2 * m.in_features * m.out_features for m in lanes)
     if choice == "int4" or (choice == "auto" and (available is None or need * PREFILL_COPY_SHARE > available)):
         if choice == "auto":
-            log.info("int4 prefill weights: the int4 codes only (a bf16 copy would take %.2f GiB, more than "
-                     "1/%d of the %s available; --int4-prefill-weights bf16 keeps one)", need / 2**30,
-                     PREFILL_COPY_SHARE, "unknown memory" if available is None else f"{available / 2**30:.1f} GiB")
+            room = "available memory unknown" if available is None else (
+                f"more than 1/{PREFILL_COPY_SHARE} of the {available / 2**30:.1f} GiB available")
+            log.info("int4 prefill weights: the int4 codes only (a bf16 copy would take %.2f GiB, %s; "
+                     "--int4-prefill-weights bf16 keeps one)", need / 2**30, room)
         return 0
     kept = sum(m.pack() for m in lanes)
     log.info("int4 prefill weights: a bf16 copy of %d int4 projections for steps of %d+ rows (%.2f GiB; "
