@@ -197,9 +197,11 @@ def kiln_offline(args, wl: dict, dtype: str, do_tp: bool, do_b1: bool) -> dict:
         kv_cache_dtype=args.kiln_kv_cache_dtype,
         quantization=None if args.kiln_quantization == "stored" else args.kiln_quantization,
         int4_activations=args.kiln_int4_activations,
+        int4_prefill_weights=args.kiln_int4_prefill_weights,
     )
     res: dict = {"engine": "kiln", "dtype": dtype, "quantization": args.kiln_quantization,
-                 "int4_activations": args.kiln_int4_activations}
+                 "int4_activations": args.kiln_int4_activations,
+                 "int4_prefill_weights": args.kiln_int4_prefill_weights}
     res["engine_start_s"] = time.perf_counter() - t0
     items = wl["items"]
 
@@ -453,6 +455,8 @@ def make_server(args, name: str, dtype: str, out_dir: Path) -> Server:
             *([] if args.kiln_quantization == "stored" else ["--quantization", args.kiln_quantization]),
             "--int4-activations",
             args.kiln_int4_activations,
+            "--int4-prefill-weights",
+            args.kiln_int4_prefill_weights,
         ]
         if not args.prefix_caching:
             cmd.append("--no-enable-prefix-caching")
@@ -607,7 +611,8 @@ def kiln_load(args) -> str:
         "stored": "stored (`kiln serve`'s default load: the GGUF's Q4_1 projections kept int4; the head from "
         "its Q8_0 blocks in float32, the float embedding in bfloat16)",
     }.get(args.kiln_quantization, f"Kiln's own {args.kiln_quantization} quantization of the float weights")
-    return f"{weights}; int4 activations {args.kiln_int4_activations}"
+    return (f"{weights}; int4 activations {args.kiln_int4_activations}; "
+            f"int4 prefill weights {args.kiln_int4_prefill_weights}")
 
 
 def markdown(report: dict) -> str:
@@ -832,6 +837,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--kiln-int4-activations", default="float", choices=["float", "int8"],
         help="Kiln's --int4-activations (int8: llama.cpp's numerics for the kept int4 projections)",
+    )
+    ap.add_argument(
+        "--kiln-int4-prefill-weights", default="auto", choices=["auto", "bf16", "int4"],
+        help="Kiln's --int4-prefill-weights (bf16: a packed bf16 copy of the int4 projections for prompt steps)",
     )
     ap.add_argument("--vllm-enforce-eager", action="store_true", help="vLLM without torch.compile (faster start)")
     ap.add_argument("--no-preload", action="store_true", help="no tcmalloc/iomp LD_PRELOAD for vLLM")
