@@ -29,6 +29,10 @@ from kiln.llm.tokenizer import load_tokenizer  # noqa: E402
 MODES = {
     "float32": dict(dtype="float32"),
     "bfloat16": dict(dtype="bfloat16"),
+    # The default load's int4 projections in bf16 with and without the packed bf16 copy that prompt
+    # steps of 128+ rows take (`--int4-prefill-weights`; "bfloat16" above: `auto`).
+    "bfloat16-int4-codes": dict(dtype="bfloat16", int4_prefill_weights="int4"),
+    "bfloat16-int4-copy": dict(dtype="bfloat16", int4_prefill_weights="bf16"),
     "int8": dict(dtype="float32", quantization="int8"),
     "int4": dict(dtype="float32", quantization="int4"),
 }
