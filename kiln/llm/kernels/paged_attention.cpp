@@ -72,30 +72,26 @@ struct Lanes16 {
 };
 #endif
 
-// One work item: sequence b, kv heads [g0, g1), each with its G query heads.
-// Pass 1 streams the keys in slot order (each slot's heads are contiguous),
-// scores every query head, and prefetches the slot's values and the next
-// block's keys into L2. Pass 2
-// walks the values per kv head and slice of S vectors of the head dimension
-// (AVX2: 2 x 8 floats; 16 lanes: 4 x 16 where G x 4 accumulators fit, else
-// 1 x 16), the G x S output vectors held in registers, reading from L2.
-// Every output element is the same chain of FMAs over t in order, whatever
-// the batch or the thread split.
-template <int G, int S, typename V, typename KV>
-void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
-            int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, float softcap,
-            std::vector<float>& scores, float* out) {
+// Pass 1 of a work item: sequence b's keys [t_begin, t_end) (within its
+// context first..end-1) against the G query heads of each kv head in
+// [g0, g1), in slot order (each slot's heads are contiguous); also
+// prefetches each slot's values and the next block's keys into L2.
+// Score row h = (g - g0) * G + j, column t - first, row stride end - first.
+// Each score is one chain of FMAs along the head dimension, whatever the
+// range: a split of the keys between threads leaves the bits alone.
+template <int G, typename V, typename KV>
+void score_keys(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
+                int64_t t_begin, int64_t t_end, int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1,
+                float scale, float softcap, float* scores) {
   using Vec = typename V::Vec;
-  // Keys first..end-1 (first > 0 under a sliding window); score column t - first.
-  const int64_t nh = (g1 - g0) * G, ctx = end - first;  // scores row h = (g - g0) * G + j
-  scores.resize(nh * ctx);
-  for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
-    const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
+  const int64_t ctx = end - first;
+  for (int64_t t0 = t_begin - t_begin % block_size; t0 < t_end; t0 += block_size) {
+    const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, t_end - t0);
     // The next block's keys into L2, one slot per key scored here: blocks lie
     // anywhere in the pool, so the hardware prefetcher cannot run ahead of a
     // block boundary (into L1 instead, or all at the block's start: slower).
-    const KV* next_keys = t0 + block_size < end ? kp + table[t0 / block_size + 1] * block_size * KVH * D : nullptr;
-    for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
+    const KV* next_keys = t0 + block_size < t_end ? kp + table[t0 / block_size + 1] * block_size * KVH * D : nullptr;
+    for (int64_t i = std::max<int64_t>(t_begin - t0, 0); i < n; ++i) {
       const int64_t row = (base + i) * KVH;
       for (int64_t off = g0 * D * sizeof(KV); off < g1 * D * sizeof(KV); off += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(vp + row * D) + off, _MM_HINT_T1);
@@ -117,48 +113,99 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, in
       }
     }
   }
-  for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
-  for (int64_t g = g0; g < g1; ++g) {
-    const float* sg = scores.data() + (g - g0) * G * ctx;
-    for (int64_t d = 0; d < D; d += S * V::kLanes) {
-      Vec acc[G][S];
-      for (int j = 0; j < G; ++j)
-        for (int s = 0; s < S; ++s) acc[j][s] = V::zero();
-      for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
-        const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
-        for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
-          const KV* value = vp + ((base + i) * KVH + g) * D + d;
-          Vec v[S];
-          for (int s = 0; s < S; ++s) v[s] = V::load(value + s * V::kLanes);
-          for (int j = 0; j < G; ++j) {
-            const Vec p = V::set1(sg[j * ctx + t0 + i - first]);
-            for (int s = 0; s < S; ++s) acc[j][s] = V::fma(p, v[s], acc[j][s]);
-          }
+}
+
+// Pass 2 for kv head g and head dimensions [d_begin, d_end) (a multiple of
+// S vectors): the G x S output vectors held in registers while the values
+// stream by, weighted by the softmaxed score rows `sg` (G rows, stride
+// end - first). Every output element is the same chain of FMAs over t in
+// order, whatever the batch, the dimension range or the thread split.
+template <int G, int S, typename V, typename KV>
+void weigh_values(const KV* vp, const int64_t* table, int64_t first, int64_t end, int64_t block_size, int64_t KVH,
+                  int64_t D, int64_t g, int64_t d_begin, int64_t d_end, const float* sg, float* out) {
+  using Vec = typename V::Vec;
+  const int64_t ctx = end - first;
+  for (int64_t d = d_begin; d < d_end; d += S * V::kLanes) {
+    Vec acc[G][S];
+    for (int j = 0; j < G; ++j)
+      for (int s = 0; s < S; ++s) acc[j][s] = V::zero();
+    for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
+      const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
+      for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
+        const KV* value = vp + ((base + i) * KVH + g) * D + d;
+        Vec v[S];
+        for (int s = 0; s < S; ++s) v[s] = V::load(value + s * V::kLanes);
+        for (int j = 0; j < G; ++j) {
+          const Vec p = V::set1(sg[j * ctx + t0 + i - first]);
+          for (int s = 0; s < S; ++s) acc[j][s] = V::fma(p, v[s], acc[j][s]);
         }
       }
-      for (int j = 0; j < G; ++j)
-        for (int s = 0; s < S; ++s) V::store(out + (g * G + j) * D + d + s * V::kLanes, acc[j][s]);
     }
+    for (int j = 0; j < G; ++j)
+      for (int s = 0; s < S; ++s) V::store(out + (g * G + j) * D + d + s * V::kLanes, acc[j][s]);
   }
+}
+
+// One work item: sequence b, kv heads [g0, g1), each with its G query heads:
+// all its keys scored, each score row softmaxed, then the values weighed per
+// kv head and slice of S vectors of the head dimension (AVX2: 2 x 8 floats;
+// 16 lanes: 4 x 16 where G x 4 accumulators fit, else 1 x 16), reading the
+// values from L2 where pass 1 prefetched them.
+template <int G, int S, typename V, typename KV>
+void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
+            int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, float softcap,
+            std::vector<float>& scores, float* out) {
+  const int64_t nh = (g1 - g0) * G, ctx = end - first;
+  scores.resize(nh * ctx);
+  score_keys<G, V, KV>(q, kp, vp, table, first, end, first, end, block_size, KVH, D, g0, g1, scale, softcap,
+                       scores.data());
+  for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
+  for (int64_t g = g0; g < g1; ++g)
+    weigh_values<G, S, V, KV>(vp, table, first, end, block_size, KVH, D, g, 0, D, scores.data() + (g - g0) * G * ctx,
+                              out);
 }
 
 template <typename KV>
 using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
                           int64_t, int64_t, int64_t, float, float, std::vector<float>&, float*);
+template <typename KV>
+using ScoreFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, int64_t, int64_t, float, float, float*);
+template <typename KV>
+using WeighFn = void (*)(const KV*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, const float*, float*);
+
+// Head dimensions per pass 2 item when a sequence's work is split (kSplitSlice
+// floats: two AVX2 vectors or one 16-lane vector); D % 16 == 0 always.
+constexpr int64_t kSplitSlice = 16;
+
+// The kernels for a GQA group size: the whole item, and its two passes for
+// split sequences (pass 2 kSplitSlice dimensions at a time).
+template <typename KV>
+struct GroupKernels {
+  AttendFn<KV> attend = nullptr;
+  ScoreFn<KV> score = nullptr;
+  WeighFn<KV> weigh = nullptr;
+};
 
 template <typename KV, int... G>
-AttendFn<KV> attend_for_group(int group, int64_t D, std::integer_sequence<int, G...>) {
-  AttendFn<KV> fn = nullptr;
+GroupKernels<KV> kernels_for_group(int group, int64_t D, std::integer_sequence<int, G...>) {
+  GroupKernels<KV> k;
 #ifdef KILN_AVX512_BF16
+  using V = Lanes16;
   // Four 16-lane slices of outputs per pass where G x 4 accumulators fit (up to 16 of 32 registers).
   const bool wide = D % 64 == 0 && group <= 4;
-  ((fn = group == G + 1 ? (wide ? attend<G + 1, (G < 4 ? 4 : 1), Lanes16, KV> : attend<G + 1, 1, Lanes16, KV>)
-                        : fn), ...);
+  ((k.attend = group == G + 1 ? (wide ? attend<G + 1, (G < 4 ? 4 : 1), V, KV> : attend<G + 1, 1, V, KV>)
+                              : k.attend), ...);
+  ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 16, V, KV> : k.weigh), ...);
 #else
+  using V = Lanes8;
   (void)D;
-  ((fn = group == G + 1 ? attend<G + 1, 2, Lanes8, KV> : fn), ...);
+  ((k.attend = group == G + 1 ? attend<G + 1, 2, V, KV> : k.attend), ...);
+  ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 8, V, KV> : k.weigh), ...);
 #endif
-  return fn;
+  ((k.score = group == G + 1 ? score_keys<G + 1, V, KV> : k.score), ...);
+  return k;
 }
 
 // A sequence's query row widened to fp32 (Q = fp32: read in place), and
@@ -193,30 +240,102 @@ struct QueryRows {
   }
 };
 
+// Fewest keys (a sequence's attended context) for which the split below pays
+// for its two extra parallel regions. Re-tune: bench/paged_attention.py --batch 1.
+constexpr int64_t kSplitMinKeys = 256;
+
+// Too few work items to share between the threads evenly (one sequence's
+// three kv heads on two threads: one thread does two, the other waits).
+bool split_pays(int64_t items, int64_t threads, int64_t longest) {
+  return items < 4 * threads && items % threads != 0 && longest >= kSplitMinKeys;
+}
+
+// Work split finer than a (sequence, kv head): pass 1 over block-aligned key
+// ranges, each score row softmaxed whole, pass 2 over kSplitSlice head
+// dimensions. Every score and output is the chain of FMAs `attend` computes
+// (see score_keys, weigh_values): the same bits as unsplit.
+template <typename KV, typename Q>
+void attend_split(const GroupKernels<KV>& k, const QueryRows<Q>& rows, const KV* kp, const KV* vp,
+                  const int64_t* tp, int64_t W, const int64_t* lp, int64_t B, int64_t H, int64_t KVH, int64_t D,
+                  int64_t block_size, int64_t window, float scale, float softcap) {
+  const int64_t G = H / KVH, threads = at::get_num_threads();
+  std::vector<int64_t> first(B), offset(B + 1, 0);  // score rows of sequence b from offset[b], stride ctx
+  std::vector<std::vector<float>> q32(B), out32(B);
+  std::vector<const float*> qs(B);
+  std::vector<float*> outs(B);
+  int64_t keys = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    first[b] = window > 0 ? std::max<int64_t>(lp[b] - window, 0) : 0;
+    offset[b + 1] = offset[b] + H * (lp[b] - first[b]);
+    keys += (lp[b] - first[b]) * KVH;
+    qs[b] = rows.widened(b, q32[b]);
+    outs[b] = rows.staging(b, out32[b]);
+  }
+  std::vector<float> scores(offset[B]);
+  // Pass 1 items (sequence, kv head, key range): about four per thread.
+  const int64_t per_item = std::max<int64_t>((keys / (4 * threads) + block_size - 1) / block_size, 1) * block_size;
+  struct KeyRange { int64_t b, g, t0, t1; };
+  std::vector<KeyRange> ranges;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < KVH; ++g)
+      for (int64_t t0 = first[b]; t0 < lp[b]; t0 = std::min(lp[b], (t0 / per_item + 1) * per_item))
+        ranges.push_back({b, g, t0, std::min(lp[b], (t0 / per_item + 1) * per_item)});
+  at::parallel_for(0, static_cast<int64_t>(ranges.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const KeyRange& r = ranges[i];
+      const int64_t ctx = lp[r.b] - first[r.b];
+      k.score(qs[r.b], kp, vp, tp + r.b * W, first[r.b], lp[r.b], r.t0, r.t1, block_size, KVH, D, r.g, r.g + 1,
+              scale, softcap, scores.data() + offset[r.b] + r.g * G * ctx);
+    }
+  });
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / H, ctx = lp[b] - first[b];
+      softmax(scores.data() + offset[b] + (i % H) * ctx, ctx);
+    }
+  });
+  // Pass 2 items (sequence, kv head, slice of head dimensions).
+  const int64_t slices = D / kSplitSlice;
+  at::parallel_for(0, B * KVH * slices, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / (KVH * slices), g = i / slices % KVH, d = i % slices * kSplitSlice;
+      const int64_t ctx = lp[b] - first[b];
+      k.weigh(vp, tp + b * W, first[b], lp[b], block_size, KVH, D, g, d, d + kSplitSlice,
+              scores.data() + offset[b] + g * G * ctx, outs[b]);
+    }
+  });
+  for (int64_t b = 0; b < B; ++b) rows.store(b, out32[b], 0, H * D);
+}
+
 template <typename KV, typename Q>
 void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& tables,
                 const at::Tensor& lens, int64_t block_size, float scale, int64_t window, float softcap,
                 at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pool.size(1), W = tables.size(1);
-  const int64_t group = H / KVH;
-  const AttendFn<KV> attend_item =
-      attend_for_group<KV>(group, D, std::make_integer_sequence<int, kMaxGroup>{});
+  const int64_t group = H / KVH, threads = at::get_num_threads();
+  const GroupKernels<KV> k = kernels_for_group<KV>(group, D, std::make_integer_sequence<int, kMaxGroup>{});
   const QueryRows<Q> rows{q.const_data_ptr<Q>(), out.mutable_data_ptr<Q>(), q.stride(0), H * D};
   const KV* kp = k_pool.const_data_ptr<KV>();
   const KV* vp = v_pool.const_data_ptr<KV>();
   const int64_t* tp = tables.const_data_ptr<int64_t>();
   const int64_t* lp = lens.const_data_ptr<int64_t>();
   // A work item is one sequence with all its kv heads. With fewer sequences
-  // than threads, items are (sequence, kv head) instead.
-  const bool per_head = B < at::get_num_threads();
+  // than threads, items are (sequence, kv head) instead, and split finer
+  // still where those cannot be shared evenly.
+  const bool per_head = B < threads;
   const int64_t items = per_head ? B * KVH : B;
+  const int64_t longest = window > 0 ? std::min(*std::max_element(lp, lp + B), window) : *std::max_element(lp, lp + B);
+  if (split_pays(items, threads, longest)) {
+    attend_split<KV, Q>(k, rows, kp, vp, tp, W, lp, B, H, KVH, D, block_size, window, scale, softcap);
+    return;
+  }
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, q32, out32;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = per_head ? i / KVH : i, g0 = per_head ? i % KVH : 0, g1 = per_head ? g0 + 1 : KVH;
       const int64_t first = window > 0 ? std::max<int64_t>(lp[b] - window, 0) : 0;
-      attend_item(rows.widened(b, q32), kp, vp, tp + b * W, first, lp[b], block_size, KVH, D, g0, g1, scale,
-                  softcap, scores, rows.staging(b, out32));
+      k.attend(rows.widened(b, q32), kp, vp, tp + b * W, first, lp[b], block_size, KVH, D, g0, g1, scale, softcap,
+               scores, rows.staging(b, out32));
       rows.store(b, out32, g0 * group * D, g1 * group * D);
     }
   });

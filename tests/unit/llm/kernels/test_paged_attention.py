@@ -111,3 +111,48 @@ def test_declines_what_it_does_not_handle():
     q, k_pool, v_pool, tables, lens = random_case(4, batch=2, heads=4, kv_heads=2, head_dim=16, max_len=20)
     assert ops.paged_decode_attention(q.double(), k_pool.double(), v_pool.double(), tables, lens, BLOCK) is None
     assert ops.paged_decode_attention(q, k_pool.double(), v_pool.double(), tables, lens, BLOCK) is None
+
+
+@pytest.fixture
+def two_threads():
+    # The kernel splits a sequence's work between threads only where its items
+    # cannot be shared evenly: force two threads so that happens on any box.
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def long_case(seed, lens, num_blocks=400):
+    """random_case's tensors with these context lengths (block tables wide enough)."""
+    q, k_pool, v_pool, _, _ = random_case(seed, batch=len(lens), heads=9, kv_heads=3, head_dim=64, max_len=1,
+                                          num_blocks=num_blocks)
+    g = torch.Generator().manual_seed(seed)
+    width = -(-max(lens) // BLOCK)
+    tables = torch.stack([torch.randperm(num_blocks, generator=g)[:width] for _ in lens])
+    return q, k_pool, v_pool, tables, torch.tensor(lens)
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window,softcap", [(0, None), (300, 20.0)])
+def test_a_split_sequence_gets_the_bits_of_an_unsplit_one(two_threads, pool_dtype, window, softcap):
+    # One sequence's 3 kv heads on 2 threads (and 3 sequences on 2) are split by
+    # key range for the scores and by head dimension for the values; a row of a
+    # batch of 6 is not. Same chains of FMAs: equal bits, and the reference's values.
+    q, k_pool, v_pool, tables, lens = long_case(9, [1000, 37, 700, 400, 999, 257])
+    k, v = k_pool.to(pool_dtype), v_pool.to(pool_dtype)
+    full = ops.paged_decode_attention(q, k, v, tables, lens, BLOCK, window=window, softcap=softcap)
+    for rows in (slice(0, 1), slice(5, 6), slice(2, 5)):
+        part = ops.paged_decode_attention(q[rows], k, v, tables[rows], lens[rows], BLOCK, window=window,
+                                          softcap=softcap)
+        assert torch.equal(part, full[rows])
+    if window == 0 and softcap is None:
+        torch.testing.assert_close(full, reference(q, k.float(), v.float(), tables, lens), rtol=1e-5, atol=1e-5)
+
+
+def test_a_split_sequence_with_16_bit_queries(two_threads):
+    q, k_pool, v_pool, tables, lens = long_case(10, [600, 600, 600, 600])
+    q16, k16, v16 = q.bfloat16(), k_pool.bfloat16(), v_pool.bfloat16()
+    full = ops.paged_decode_attention(q16, k16, v16, tables, lens, BLOCK)
+    alone = ops.paged_decode_attention(q16[:1], k16, v16, tables[:1], lens[:1], BLOCK)
+    assert alone.dtype == torch.bfloat16 and torch.equal(alone, full[:1])
