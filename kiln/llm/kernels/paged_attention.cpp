@@ -120,7 +120,9 @@ void score_keys(const float* q, const KV* kp, const KV* vp, const int64_t* table
 // stream by, weighted by the softmaxed score rows `sg` (G rows, stride
 // end - first). Every output element is the same chain of FMAs over t in
 // order, whatever the batch, the dimension range or the thread split.
-template <int G, int S, typename V, typename KV>
+// kPrefetch: request the next block's values for this range while weighing
+// this one (a split item's values were not prefetched by its own pass 1).
+template <int G, int S, typename V, typename KV, bool kPrefetch = false>
 void weigh_values(const KV* vp, const int64_t* table, int64_t first, int64_t end, int64_t block_size, int64_t KVH,
                   int64_t D, int64_t g, int64_t d_begin, int64_t d_end, const float* sg, float* out) {
   using Vec = typename V::Vec;
@@ -131,7 +133,12 @@ void weigh_values(const KV* vp, const int64_t* table, int64_t first, int64_t end
       for (int s = 0; s < S; ++s) acc[j][s] = V::zero();
     for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
       const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
+      const KV* next = kPrefetch && t0 + block_size < end ? vp + (table[t0 / block_size + 1] * block_size * KVH + g) * D + d
+                                                          : nullptr;
       for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
+        if (next)
+          for (int64_t off = 0; off < S * V::kLanes * static_cast<int64_t>(sizeof(KV)); off += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(next + i * KVH * D) + off, _MM_HINT_T0);
         const KV* value = vp + ((base + i) * KVH + g) * D + d;
         Vec v[S];
         for (int s = 0; s < S; ++s) v[s] = V::load(value + s * V::kLanes);
@@ -197,12 +204,12 @@ GroupKernels<KV> kernels_for_group(int group, int64_t D, std::integer_sequence<i
   const bool wide = D % 64 == 0 && group <= 4;
   ((k.attend = group == G + 1 ? (wide ? attend<G + 1, (G < 4 ? 4 : 1), V, KV> : attend<G + 1, 1, V, KV>)
                               : k.attend), ...);
-  ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 16, V, KV> : k.weigh), ...);
+  ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 16, V, KV, true> : k.weigh), ...);
 #else
   using V = Lanes8;
   (void)D;
   ((k.attend = group == G + 1 ? attend<G + 1, 2, V, KV> : k.attend), ...);
-  ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 8, V, KV> : k.weigh), ...);
+  ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 8, V, KV, true> : k.weigh), ...);
 #endif
   ((k.score = group == G + 1 ? score_keys<G + 1, V, KV> : k.score), ...);
   return k;
@@ -244,10 +251,12 @@ struct QueryRows {
 // for its two extra parallel regions. Re-tune: bench/paged_attention.py --batch 1.
 constexpr int64_t kSplitMinKeys = 256;
 
-// Too few work items to share between the threads evenly (one sequence's
-// three kv heads on two threads: one thread does two, the other waits).
-bool split_pays(int64_t items, int64_t threads, int64_t longest) {
-  return items < 4 * threads && items % threads != 0 && longest >= kSplitMinKeys;
+// Fewer sequences than threads, and their (sequence, kv head) items cannot be
+// shared evenly (one sequence's three kv heads on two threads: one thread
+// does two, the other waits). Not for more sequences: 3 x 512 keys split ran
+// 0.6-0.97x on Zen 3 (pass 2's values come from the other core's pass 1).
+bool split_pays(int64_t sequences, int64_t items, int64_t threads, int64_t longest) {
+  return sequences < threads && items < 4 * threads && items % threads != 0 && longest >= kSplitMinKeys;
 }
 
 // Work split finer than a (sequence, kv head): pass 1 over block-aligned key
@@ -325,7 +334,7 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor&
   const bool per_head = B < threads;
   const int64_t items = per_head ? B * KVH : B;
   const int64_t longest = window > 0 ? std::min(*std::max_element(lp, lp + B), window) : *std::max_element(lp, lp + B);
-  if (split_pays(items, threads, longest)) {
+  if (split_pays(B, items, threads, longest)) {
     attend_split<KV, Q>(k, rows, kp, vp, tp, W, lp, B, H, KVH, D, block_size, window, scale, softcap);
     return;
   }

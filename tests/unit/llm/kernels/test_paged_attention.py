@@ -136,9 +136,9 @@ def long_case(seed, lens, num_blocks=400):
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window,softcap", [(0, None), (300, 20.0)])
 def test_a_split_sequence_gets_the_bits_of_an_unsplit_one(two_threads, pool_dtype, window, softcap):
-    # One sequence's 3 kv heads on 2 threads (and 3 sequences on 2) are split by
-    # key range for the scores and by head dimension for the values; a row of a
-    # batch of 6 is not. Same chains of FMAs: equal bits, and the reference's values.
+    # One sequence's 3 kv heads on 2 threads are split by key range for the
+    # scores and by head dimension for the values; rows of a batch of 6 (or 3)
+    # are not. Same chains of FMAs: equal bits, and the reference's values.
     q, k_pool, v_pool, tables, lens = long_case(9, [1000, 37, 700, 400, 999, 257])
     k, v = k_pool.to(pool_dtype), v_pool.to(pool_dtype)
     full = ops.paged_decode_attention(q, k, v, tables, lens, BLOCK, window=window, softcap=softcap)
