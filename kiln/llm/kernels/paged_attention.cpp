@@ -133,8 +133,8 @@ void weigh_values(const KV* vp, const int64_t* table, int64_t first, int64_t end
       for (int s = 0; s < S; ++s) acc[j][s] = V::zero();
     for (int64_t t0 = first - first % block_size; t0 < end; t0 += block_size) {
       const int64_t base = table[t0 / block_size] * block_size, n = std::min(block_size, end - t0);
-      const KV* next = kPrefetch && t0 + block_size < end ? vp + (table[t0 / block_size + 1] * block_size * KVH + g) * D + d
-                                                          : nullptr;
+      const bool has_next = kPrefetch && t0 + block_size < end;
+      const KV* next = has_next ? vp + (table[t0 / block_size + 1] * block_size * KVH + g) * D + d : nullptr;
       for (int64_t i = std::max<int64_t>(first - t0, 0); i < n; ++i) {
         if (next)
           for (int64_t off = 0; off < S * V::kLanes * static_cast<int64_t>(sizeof(KV)); off += 64)
@@ -254,7 +254,7 @@ constexpr int64_t kSplitMinKeys = 256;
 // Fewer sequences than threads, and their (sequence, kv head) items cannot be
 // shared evenly (one sequence's three kv heads on two threads: one thread
 // does two, the other waits). Not for more sequences: 3 x 512 keys split ran
-// 0.6-0.97x on Zen 3 (pass 2's values come from the other core's pass 1).
+// 0.6-0.97x on Zen 3 (why is not established; docs/benchmarks.md).
 bool split_pays(int64_t sequences, int64_t items, int64_t threads, int64_t longest) {
   return sequences < threads && items < 4 * threads && items % threads != 0 && longest >= kSplitMinKeys;
 }
