@@ -255,8 +255,10 @@ constexpr int64_t kSplitMinKeys = 256;
 // shared evenly (one sequence's three kv heads on two threads: one thread
 // does two, the other waits). Not for more sequences: 3 x 512 keys split ran
 // 0.6-0.97x on Zen 3 (why is not established; docs/benchmarks.md).
-bool split_pays(int64_t sequences, int64_t items, int64_t threads, int64_t longest) {
-  return sequences < threads && items < 4 * threads && items % threads != 0 && longest >= kSplitMinKeys;
+bool split_pays(const int64_t* lens, int64_t sequences, int64_t items, int64_t threads, int64_t window) {
+  if (sequences == 0 || sequences >= threads || items >= 4 * threads || items % threads == 0) return false;
+  const int64_t longest = *std::max_element(lens, lens + sequences);
+  return (window > 0 ? std::min(longest, window) : longest) >= kSplitMinKeys;
 }
 
 // Work split finer than a (sequence, kv head): pass 1 over block-aligned key
@@ -333,8 +335,7 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor&
   // still where those cannot be shared evenly.
   const bool per_head = B < threads;
   const int64_t items = per_head ? B * KVH : B;
-  const int64_t longest = window > 0 ? std::min(*std::max_element(lp, lp + B), window) : *std::max_element(lp, lp + B);
-  if (split_pays(B, items, threads, longest)) {
+  if (split_pays(lp, B, items, threads, window)) {
     attend_split<KV, Q>(k, rows, kp, vp, tp, W, lp, B, H, KVH, D, block_size, window, scale, softcap);
     return;
   }
