@@ -33,7 +33,6 @@
 
 namespace {
 
-using kiln_linear::kPrefetchPasses;
 using kiln_int4::Int4ToBf16;
 using kiln_simd512::reduce16;
 
@@ -80,9 +79,8 @@ struct Bf16DotProblem {
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= K; k += 32) {
-      // 32 bf16 are one cache line: request the same line of the next rows.
-      for (int n = 0; n < NR; ++n)
-        _mm_prefetch(reinterpret_cast<const char*>(wr + (kPrefetchPasses * NR + n) * K + k), _MM_HINT_T0);
+      // 32 bf16 are one cache line: request a line of the next rows.
+      kiln_linear::prefetch_ahead<NR>(wr, 2 * K, 2 * k);
       __m512bh wv[NR];
       for (int n = 0; n < NR; ++n) wv[n] = load32(wr + n * K + k);
       for (int m = 0; m < MR; ++m) {
@@ -141,9 +139,8 @@ struct Q80Bf16Problem {
     for (int m = 0; m < MR; ++m)
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {
-      if (k % 64 == 0)  // one cache line of codes: request the same line of the next rows
-        for (int n = 0; n < NR; ++n)
-          _mm_prefetch(reinterpret_cast<const char*>(wr + (kPrefetchPasses * NR + n) * K + k), _MM_HINT_T0);
+      if (k % 64 == 0)  // one cache line of codes: request a line of the next rows
+        kiln_linear::prefetch_ahead<NR>(wr, K, k);
       __m512bh wv[NR];
       for (int n = 0; n < NR; ++n) wv[n] = widen(wr + n * K + k, sr[n * (K / 32) + k / 32]);
       for (int m = 0; m < MR; ++m) {
@@ -229,9 +226,8 @@ struct Int4Bf16Problem {
     kiln_int4::RunGroups run_groups(G);
     for (int64_t b = 0; b < K; run_groups.next_run(b += 64)) {
       const uint8_t* run = codes + n0 * row_stride + b / 2;
-      if (b % 128 == 0)  // one cache line of each of the next rows (as Int4Problem)
-        for (int n = 0; n < NR; ++n)
-          _mm_prefetch(reinterpret_cast<const char*>(run + (kPrefetchPasses * NR + n) * row_stride), _MM_HINT_T0);
+      if (b % 128 == 0)  // a line of the next rows (as Int4Problem)
+        kiln_linear::prefetch_ahead<NR>(codes + n0 * row_stride, row_stride, b / 2);
       const bool split = run_groups.split(b);
       __m512bh wv[NR][2];
       for (int n = 0; n < NR; ++n)

@@ -41,7 +41,6 @@ namespace {
 
 using kiln_simd::hsum;
 
-using kiln_linear::kPrefetchPasses;
 // Eight weights as floats: fp32 as stored, bf16 and int8 widened (int8's
 // per-row scale is applied once to the finished dot product).
 using kiln_simd::load8;
@@ -100,9 +99,7 @@ struct DenseProblem {
       // at a time while these are computed (the hardware prefetcher alone
       // falls behind on int8 rows, which take a quarter of fp32's compute per
       // line).
-      if ((k * sizeof(W)) % 64 == 0)
-        for (int n = 0; n < NR; ++n)
-          _mm_prefetch(reinterpret_cast<const char*>(wr + (kPrefetchPasses * NR + n) * K + k), _MM_HINT_T0);
+      if ((k * sizeof(W)) % 64 == 0) kiln_linear::prefetch_ahead<NR>(wr, row_bytes(), k * sizeof(W));
       __m256 wv[NR];
       for (int n = 0; n < NR; ++n) wv[n] = load8(wr + n * K + k);
       if constexpr (kBlockScales)
@@ -166,9 +163,8 @@ struct Int4Problem {
     kiln_int4::RunGroups run_groups(G);
     for (int64_t b = 0; b < K; run_groups.next_run(b += 64)) {
       const uint8_t* run = codes + n0 * row_stride + b / 2;
-      if (b % 128 == 0)  // one cache line of each of the next rows (see DenseProblem)
-        for (int n = 0; n < NR; ++n)
-          _mm_prefetch(reinterpret_cast<const char*>(run + (kPrefetchPasses * NR + n) * row_stride), _MM_HINT_T0);
+      if (b % 128 == 0)  // the next rows, a line at a time (see DenseProblem)
+        kiln_linear::prefetch_ahead<NR>(codes + n0 * row_stride, row_stride, b / 2);
       __m256i words[NR];
       __m256 sv[NR][2], mv[NR][2];  // [n][half of the run]: groups of 32 change mid-run
       // The run's second half starts the next group when G is 32 or an odd multiple of it (G = 96: b = 64).

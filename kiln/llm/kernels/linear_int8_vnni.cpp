@@ -32,7 +32,6 @@
 
 namespace {
 
-using kiln_linear::kPrefetchPasses;
 using kiln_simd512::reduce16;
 
 inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
@@ -78,8 +77,7 @@ struct W8A8Problem {
     };
     int64_t k = 0;
     for (; k + 64 <= K; k += 64) {
-      for (int n = 0; n < NR; ++n)  // one cache line: the same line of the next rows
-        _mm_prefetch(reinterpret_cast<const char*>(wr + (kPrefetchPasses * NR + n) * K + k), _MM_HINT_T0);
+      kiln_linear::prefetch_ahead<NR>(wr, K, k);  // one cache line per row: a line of the next rows
       run(k, [](const auto* p) { return load64(p); });
     }
     if (k < K) {

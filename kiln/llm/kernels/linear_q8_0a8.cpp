@@ -55,10 +55,8 @@ struct Q8A8Problem {
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t k = b * kGroup;
-      if (b % 2 == 0)  // one cache line of each of the next rows (see linear_f32.cpp's DenseProblem)
-        for (int n = 0; n < NR; ++n)
-          _mm_prefetch(reinterpret_cast<const char*>(wr + (kiln_linear::kPrefetchPasses * NR + n) * K + k),
-                       _MM_HINT_T0);
+      if (b % 2 == 0)  // the next rows, a line at a time (see linear_f32.cpp's DenseProblem)
+        kiln_linear::prefetch_ahead<NR>(wr, K, k);
       __m256i w[NR], w_abs[NR];
       for (int n = 0; n < NR; ++n) {
         w[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + n * K + k));

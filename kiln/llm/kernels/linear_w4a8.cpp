@@ -198,10 +198,8 @@ struct W4A8Problem {
     for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t r = 0; r < runs; ++r) {
       const int64_t off = r * (kRun / 2);
-      if (r % 2 == 0)  // one cache line of each of the next rows (see linear_f32.cpp's DenseProblem)
-        for (int s = 0; s < NR; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(row[s] + off + kiln_linear::kPrefetchPasses * NR * stride),
-                       _MM_HINT_T0);
+      if (r % 2 == 0)  // the next rows, a line at a time (see linear_f32.cpp's DenseProblem)
+        kiln_linear::prefetch_ahead<NR>(row[0], stride, off);
       const int64_t ga = group_of_half[2 * r], gb = group_of_half[2 * r + 1];
       const __m256 p01 = params(prm[0], prm[1], ga, gb), p23 = params(prm[2], prm[3], ga, gb);
       const __m256 scale = _mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(2, 0, 2, 0));
