@@ -429,6 +429,17 @@ class Server:
         self._log.close()
 
 
+def ensure_kiln_kernels() -> None:
+    """Load (and, when this tree's kernel sources changed since the last build,
+    compile) Kiln's CPU kernel library here, so `kiln serve`'s timed start-up finds
+    it built instead of spending the one-time compile (about a minute) inside it."""
+    from kiln.llm.kernels import ops
+
+    t0 = time.perf_counter()
+    library = ops.loaded_library()
+    log(f"kiln kernels: {library or 'none (PyTorch kernels)'} ready in {time.perf_counter() - t0:.1f}s")
+
+
 def make_server(args, name: str, dtype: str, out_dir: Path) -> Server:
     log_path = out_dir / f"server-{name}-{dtype}.log"
     if name == "kiln":
@@ -962,6 +973,7 @@ def main() -> None:
         }
         datasets = serve_datasets(args, tokenizer, run_dir) if args.serve else {}
         servers = ["kiln"] + [p for p in args.serve_peers if avail.get(p)]
+        ensure_kiln_kernels()
         for sname in servers[1:] + servers[:1] if args.serve_order == "peers-first" else servers:
             key = f"{sname}-{'Q4_1' if sname == 'llamacpp' else args.serve_dtype}"
             server = make_server(args, sname, args.serve_dtype, run_dir)
