@@ -45,8 +45,9 @@ constexpr int kPrefetchPasses = KILN_PREFETCH_PASSES;
 // 64 bytes a pass advances along its rows (`offset` bytes done), this asks for
 // NR lines of that run in address order, so by the end of the pass all of it
 // was requested as one linear stream. Asking for the same line of each of the
-// NR rows instead (NR streams side by side) read 1.25-1.3x slower from DRAM on
-// Zen 3 (docs/benchmarks.md).
+// NR rows instead (NR streams side by side) read 1.05-1.3x slower from DRAM on
+// one Zen 3 thread (bench/weight_streams.c), and the int8 and bf16 one-row
+// kernels ran 1.1-1.45x faster this way (docs/benchmarks.md).
 template <int NR>
 inline void prefetch_ahead(const void* pass, int64_t row_bytes, int64_t offset) {
   const char* run = static_cast<const char*>(pass) + (kPrefetchPasses * row_bytes + offset) * NR;
