@@ -136,6 +136,10 @@ def memory_bandwidth(repeats: int, gib: float = 1.0) -> dict:
 def setup_mode(checkpoint, mode, kv_gib):
     llm = make_llm(checkpoint, kv_gib, **MODES[mode])
     set_head(llm.engine.core.runner.model, mode)
+    # The KV pool faulted in, as an idle engine does (runner/kv_warm.py): else the
+    # first repeats write never-used blocks and take first-touch page faults.
+    while llm.engine.core.runner.warm_kv_pool():
+        pass
     return llm
 
 

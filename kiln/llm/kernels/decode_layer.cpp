@@ -47,14 +47,79 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "kernels.h"
 
 namespace {
+
+// Opt-in op timing of decode_attention / decode_layer (decode_profile_start /
+// decode_profile_stop; bench/decode_ops.py): wall time and calls per op of
+// the calling thread, for finding where a decode step goes without editing
+// this file. Off: one relaxed load per op. The counters are process-wide;
+// two engines stepping at once in one process would add into the same ones.
+namespace decode_profile {
+// kLayer: a whole layer of DecodeStack.run (the ops above plus what lies between them).
+enum Op { kNorm, kQkv, kQkNorm, kRope, kKvWrite, kAttention, kO, kAddNorm, kGateUp, kActivation, kDown,
+          kSandwichNorm, kResidual, kLayer, kOps };
+constexpr const char* kNames[kOps] = {
+    "input_norm", "qkv",  "qk_norm", "rope",           "kv_write", "attention", "o",
+    "post_norm",  "gate_up", "activation", "down", "sandwich_norms", "residual", "layer"};
+std::atomic<bool> enabled{false};
+std::atomic<int64_t> nanos[kOps], calls[kOps];
+
+// Adds the time from construction to destruction to op `op` (when enabled at construction).
+class Timed {
+ public:
+  explicit Timed(Op op) : op_(op), on_(enabled.load(std::memory_order_relaxed)) {
+    if (on_) start_ = std::chrono::steady_clock::now();
+  }
+  ~Timed() {
+    if (!on_) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_);
+    nanos[op_].fetch_add(ns.count(), std::memory_order_relaxed);
+    calls[op_].fetch_add(1, std::memory_order_relaxed);
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  Op op_;
+  bool on_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// f() timed as op `op`.
+template <typename F>
+decltype(auto) timed(Op op, F&& f) {
+  Timed t(op);
+  return f();
+}
+
+// Zeroes the counters and starts timing.
+void start() {
+  for (int i = 0; i < kOps; ++i) nanos[i] = 0, calls[i] = 0;
+  enabled = true;
+}
+
+// (op names, [ops, 2] int64: nanoseconds, calls); stops timing.
+std::tuple<std::vector<std::string>, at::Tensor> stop() {
+  enabled = false;
+  at::Tensor out = at::empty({kOps, 2}, at::kLong);
+  auto a = out.accessor<int64_t, 2>();
+  for (int i = 0; i < kOps; ++i) a[i][0] = nanos[i].load(), a[i][1] = calls[i].load();
+  return {std::vector<std::string>(kNames, kNames + kOps), out};
+}
+}  // namespace decode_profile
+
+using decode_profile::timed;
+namespace dp = decode_profile;
 
 at::Tensor project(const at::Tensor& x, at::TensorList w, int64_t group_size) {
   if (w.size() == 1) return w[0].scalar_type() == at::kBFloat16 ? kiln::linear_bf16(x, w[0]) : kiln::linear_f32(x, w[0]);
@@ -95,42 +160,52 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(
   TORCH_CHECK(scale >= 0 && softcap >= 0, "decode_layer: scale and softcap must be >= 0 (0: the default, none)");
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "decode_layer: q_norm and k_norm come together");
   const int64_t T = x.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-  at::Tensor qkv = project(kiln::rms_norm(x, input_norm, eps), qkv_w, group_size);
-  if (qkv_bias.has_value()) qkv = qkv + *qkv_bias;
+  const at::Tensor h = timed(dp::kNorm, [&] { return kiln::rms_norm(x, input_norm, eps); });
+  at::Tensor qkv = timed(dp::kQkv, [&] {
+    at::Tensor y = project(h, qkv_w, group_size);
+    return qkv_bias.has_value() ? y + *qkv_bias : y;
+  });
   at::Tensor q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
   at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
   if (q_norm.has_value()) {
+    dp::Timed t(dp::kQkNorm);
     q = kiln::rms_norm(q.reshape({-1, head_dim}), *q_norm, eps).view({T, num_heads, head_dim});
     k = kiln::rms_norm(k.reshape({-1, head_dim}), *k_norm, eps).view({T, num_kv_heads, head_dim});
   }
-  if (rotary_dim > 0 && rotary_dim < head_dim) {
-    kiln::rotary_(q.narrow(2, 0, rotary_dim), k.narrow(2, 0, rotary_dim), cos, sin);
-  } else {
-    kiln::rotary_(q, k, cos, sin);
+  {
+    dp::Timed t(dp::kRope);
+    if (rotary_dim > 0 && rotary_dim < head_dim) {
+      kiln::rotary_(q.narrow(2, 0, rotary_dim), k.narrow(2, 0, rotary_dim), cos, sin);
+    } else {
+      kiln::rotary_(q, k, cos, sin);
+    }
   }
   const at::Tensor k_pool = kv_cache.select(0, 0), v_pool = kv_cache.select(0, 1);
-  kiln::write_kv(k_pool, v_pool, k, v, slot_mapping);
+  {
+    dp::Timed t(dp::kKvWrite);
+    kiln::write_kv(k_pool, v_pool, k, v, slot_mapping);
+  }
   if (scale == 0) scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim**-0.5
-  at::Tensor attn;
-  if (block_tables.size() == 1) {
-    attn = kiln::paged_decode_attention(q, k_pool, v_pool, block_tables[0], context_lens[0], block_size, scale,
-                                        window, softcap);
-  } else {
-    attn = at::empty_like(q);
+  const at::Tensor attn = timed(dp::kAttention, [&] {
+    if (block_tables.size() == 1)
+      return kiln::paged_decode_attention(q, k_pool, v_pool, block_tables[0], context_lens[0], block_size, scale,
+                                          window, softcap);
+    at::Tensor out = at::empty_like(q);
     int64_t row = 0;
     for (size_t g = 0; g < block_tables.size(); ++g) {
       const int64_t rows = block_tables[g].size(0);
-      attn.narrow(0, row, rows).copy_(kiln::paged_decode_attention(
+      out.narrow(0, row, rows).copy_(kiln::paged_decode_attention(
           q.narrow(0, row, rows), k_pool, v_pool, block_tables[g], context_lens[g], block_size, scale, window,
           softcap));
       row += rows;
     }
     TORCH_CHECK(row == T, "decode_layer: decode groups must cover every row");
-  }
-  at::Tensor o = project(attn.view({T, q_size}), o_w, group_size);
-  if (attn_out_norm.has_value()) o = kiln::rms_norm(o, *attn_out_norm, eps);
-  return kiln::add_rms_norm(o, x, post_norm, eps);
+    return out;
+  });
+  at::Tensor o = timed(dp::kO, [&] { return project(attn.view({T, q_size}), o_w, group_size); });
+  if (attn_out_norm.has_value()) o = timed(dp::kSandwichNorm, [&] { return kiln::rms_norm(o, *attn_out_norm, eps); });
+  return timed(dp::kAddNorm, [&] { return kiln::add_rms_norm(o, x, post_norm, eps); });
 }
 
 // decode_attention's arguments with the MLP's projections (gate_up, down) after o.
@@ -148,10 +223,13 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorLis
                                         slot_mapping, block_tables, context_lens, block_size, num_heads,
                                         num_kv_heads, head_dim, qkv_bias, q_norm, k_norm, rotary_dim, window, scale,
                                         softcap, attn_out_norm);
-  const at::Tensor gate_up = project(h, gate_up_w, group_size);
-  at::Tensor out = project(gelu ? kiln::gelu_tanh_mul(gate_up) : kiln::silu_mul(gate_up), down_w, group_size);
-  if (mlp_out_norm.has_value()) out = kiln::rms_norm(out, *mlp_out_norm, eps);
-  return residual + out;
+  const at::Tensor gate_up = timed(dp::kGateUp, [&] { return project(h, gate_up_w, group_size); });
+  const at::Tensor act = timed(dp::kActivation, [&] {
+    return gelu ? kiln::gelu_tanh_mul(gate_up) : kiln::silu_mul(gate_up);
+  });
+  at::Tensor out = timed(dp::kDown, [&] { return project(act, down_w, group_size); });
+  if (mlp_out_norm.has_value()) out = timed(dp::kSandwichNorm, [&] { return kiln::rms_norm(out, *mlp_out_norm, eps); });
+  return timed(dp::kResidual, [&] { return residual + out; });
 }
 
 // Every layer of a dense model (no MoE block) for one decode-only step: the
@@ -200,6 +278,7 @@ struct DecodeStack : torch::CustomClassHolder {
                 "), got ", kv_caches.size());
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& f = layers[i];
+      dp::Timed layer_time(dp::kLayer);
       x = decode_layer(x, f.qkv, f.o, f.gate_up, f.down, f.group_size, f.input_norm, f.post_norm, eps,
                        f.local_rope ? local_cos : cos, f.local_rope ? local_sin : sin, kv_caches[i], slot_mapping,
                        block_tables, context_lens, block_size, num_heads, num_kv_heads, head_dim, f.qkv_bias,
@@ -310,6 +389,8 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def(
       "moe_experts(Tensor h, Tensor ids, Tensor weights, Tensor[] gate_up_w, Tensor[] down_w, int num_experts, "
       "int group_size) -> Tensor");
+  m.def("decode_profile_start() -> ()", decode_profile::start);
+  m.def("decode_profile_stop() -> (str[], Tensor)", decode_profile::stop);
   m.class_<DecodeStack>("DecodeStack")
       .def(torch::init<double, int64_t, int64_t, int64_t, int64_t>())
       .def("add_layer", &DecodeStack::add_layer)

@@ -8,12 +8,16 @@ the environment turns them off (A/B runs).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
+from kiln.errors import KilnError
 from kiln.llm.kernels import isa
 from kiln.llm.kernels.build import BUILDS, LEGACY_LIBRARY, build_on_first_use, find_library
 from kiln.llm.kernels.tuning import BF16_LINEAR_MAX_ROWS, BF16_PACKED_MIN_ROWS, LINEAR_MAX_ROWS, PACKED_MIN_ROWS
@@ -334,6 +338,32 @@ def row_argmax(logits: torch.Tensor) -> torch.Tensor | None:
             or logits.shape[1] == 0 or not kernels_loaded()):
         return None
     return torch.ops.kiln.row_argmax(logits)
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One op of the fused decode layers, over a decode profile."""
+    seconds: float
+    calls: int
+
+
+@contextlib.contextmanager
+def decode_profile() -> Iterator[dict[str, OpTime]]:
+    """Times every op of the fused decode layers (decode_layer.cpp: input_norm,
+    qkv, rope, kv_write, attention, o, post_norm, gate_up, activation, down,
+    residual, ... and `layer`, a whole layer of a DecodeStack step) while the
+    block runs; the dict it yields is filled when the block exits. Wall time of
+    the calling thread; process-wide counters, so one profile at a time.
+    Raises KilnError when the kernel library is not loaded."""
+    if not kernels_loaded():
+        raise KilnError("decode_profile: Kiln's CPU kernel library is not loaded")
+    found: dict[str, OpTime] = {}
+    torch.ops.kiln.decode_profile_start()
+    try:
+        yield found
+    finally:
+        names, totals = torch.ops.kiln.decode_profile_stop()
+        found.update({n: OpTime(int(ns) / 1e9, int(c)) for n, (ns, c) in zip(names, totals.tolist(), strict=True)})
 
 
 def _cuda_layers(x: torch.Tensor):

@@ -14,7 +14,7 @@ import torch
 
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
 from kiln.llm.kernels.build import cpu_supported
-from kiln.llm.kernels.ops import packed_min_rows
+from kiln.llm.kernels.ops import decode_profile, packed_min_rows
 from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch, MoEShape
@@ -222,3 +222,34 @@ def test_models_it_cannot_serve_keep_the_module_path():
     assert model.gather_fused_layers() is None
     odd_heads = LlamaModel(dataclasses.replace(ARCH, head_dim=24, hidden_size=192), max_positions=64)
     assert odd_heads.gather_fused_layers() is None  # head_dim the paged kernel does not take
+
+
+@pytest.mark.parametrize("arch,mode", [(ARCH, "int8"), (GEMMA2_ARCH, "fp32")])
+def test_decode_profile_counts_every_op_of_every_layer_and_leaves_the_bits_alone(arch, mode):
+    model = model_in(mode, arch)
+    ids, positions, pool, meta = decode_step(5, model.embed_tokens.dtype)
+    profiled_pool = [p.clone() for p in pool]
+    with torch.inference_mode():
+        plain = model(ids, positions, pool, meta)
+        model(ids, positions, [p.clone() for p in pool], meta)  # no profile running: not counted below
+        with decode_profile() as ops:
+            profiled = model(ids, positions, profiled_pool, meta)
+            assert ops == {}  # filled when the block exits
+    assert torch.equal(plain, profiled)
+    assert all(torch.equal(a, b) for a, b in zip(pool, profiled_pool, strict=True))
+    sandwich = 2 if arch.sandwich_norms else 0
+    expected = {"input_norm": 1, "qkv": 1, "qk_norm": 0, "rope": 1, "kv_write": 1, "attention": 1, "o": 1,
+                "post_norm": 1, "gate_up": 1, "activation": 1, "down": 1, "sandwich_norms": sandwich,
+                "residual": 1, "layer": 1}
+    assert {name: t.calls for name, t in ops.items()} == {n: c * arch.num_layers for n, c in expected.items()}
+    assert all(t.seconds > 0 for t in ops.values() if t.calls)
+    assert ops["layer"].seconds >= sum(t.seconds for n, t in ops.items() if n != "layer")
+
+
+def test_decode_profile_without_the_kernel_library_is_a_clear_error(monkeypatch):
+    from kiln.errors import KilnError
+    from kiln.llm.kernels import ops
+
+    monkeypatch.setattr(ops, "kernels_loaded", lambda: False)
+    with pytest.raises(KilnError, match="kernel library is not loaded"), ops.decode_profile():
+        pass
