@@ -1,10 +1,10 @@
 """Where a batch-1 decode step goes, op by op, in Kiln's fused decode layers.
 
-Per mode (decode_roofline.py's modes): a prompt from the pydoc corpus, greedy,
-ignore_eos; the prefill and first token timed apart and subtracted, then
-`--new-tokens` tokens generated under `kiln.llm.kernels.ops.
-decode_profile` (timers around each op of decode_layer.cpp), and the whole
-generate call timed apart. Prints per op the microseconds per step, its share
+Per mode (decode_roofline.py's modes, the KV pool faulted in first): a prompt
+from the pydoc corpus, greedy, ignore_eos; `--new-tokens` tokens generated
+under `kiln.llm.kernels.ops.decode_profile` (timers around each op of
+decode_layer.cpp); a step's time is that run's minus a one-token run's (the
+prefill and first token), over the decode steps. Prints per op the microseconds per step, its share
 of the layers' time and, for the projections, the bytes they read per step
 and the rate. "between ops" is a layer's time outside its timed ops
 (allocations, views, dispatch); "outside the layers" is the step's time
