@@ -18,16 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_roofline import MODES, setup_mode  # noqa: E402
+from decode_roofline import MODES, setup_mode, timed_generate  # noqa: E402
 from workload import corpus_text  # noqa: E402
 
-from kiln import SamplingParams  # noqa: E402
 from kiln.errors import KilnError  # noqa: E402
 from kiln.llm.kernels.ops import OpTime, decode_profile  # noqa: E402
 from kiln.llm.models.default_model import default_model_path  # noqa: E402
@@ -42,23 +40,16 @@ def projection_bytes(model) -> dict[str, int]:
     return {name: sum(t.nbytes for f in layers for t in getattr(f, name)) for name in PROJECTIONS}
 
 
-def timed_generate(llm, prompt: list[int], max_tokens: int) -> float:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    start = time.perf_counter()
-    llm.generate([prompt], params)
-    return time.perf_counter() - start
-
-
 def profile_mode(checkpoint, mode: str, prompt_len: int, new_tokens: int) -> dict:
     llm = setup_mode(checkpoint, mode, 0.25)  # with the KV pool faulted in (its first-touch faults: in kv_write)
     model = llm.engine.core.runner.model
     if model.fused_layers is None or model.fused_layers.stack is None:
         raise KilnError(f"mode {mode}: this model's decode steps do not run through the fused layers")
     prompt = llm.tokenizer.encode(corpus_text(), add_special_tokens=False)[:prompt_len]
-    timed_generate(llm, prompt, 8)  # warm-up
-    first = timed_generate(llm, prompt, 1)  # prefill and first token, subtracted below
+    timed_generate(llm, [prompt], 8)  # warm-up
+    first = timed_generate(llm, [prompt], 1)  # prefill and first token, subtracted below
     with decode_profile() as ops:
-        total = timed_generate(llm, prompt, new_tokens)
+        total = timed_generate(llm, [prompt], new_tokens)
     steps = ops["layer"].calls / len(model.fused_layers)
     if steps == 0:
         raise KilnError(f"mode {mode}: no decode step ran through the fused layers")
