@@ -129,8 +129,9 @@ class CacheConfig:
     # "fp8_e4m3" (CUDA only) quarters an fp32 pool, with a per-tensor scale per layer.
     kv_cache_dtype: str = option("auto", "what the KV pool stores (auto = the model's dtype)", KV_CACHE_DTYPES)
     warm_kv_pool: bool = option(
-        True, "CPU: while the engine is idle, fault in the KV pool's pages (a piece of a few ms at a time) so "
-        "that first writes during load do not stall steps; the pool is then fully resident",
+        True, "CPU: fault in the KV pool's pages ahead of their first writes, so that these do not stall steps: a "
+        "server while it is idle (a piece of a few ms at a time), the offline LLM when it is built (kiln generate "
+        "only when this flag is given); the pool is then fully resident",
     )
     profile_activations: bool = option(
         False, "measure the largest step's activation memory at start-up (one max_num_batched_tokens prefill: "

@@ -121,7 +121,7 @@ def smollm2_llm(smollm2_path):
     """kiln.LLM on SmolLM2, float32. Tests must leave it idle (no requests)."""
     from kiln import LLM
 
-    return LLM(str(smollm2_path), kv_cache_memory_gib=0.5, dtype="float32")
+    return LLM(str(smollm2_path), kv_cache_memory_gib=0.5, dtype="float32", warm_kv_pool=False)
 
 
 @pytest.fixture(scope="session")
@@ -131,6 +131,8 @@ def make_smollm2_engine(smollm2_checkpoint):
     from kiln import LLM
 
     def make(**options):
-        return LLM(checkpoint=smollm2_checkpoint, **{"dtype": "float32", **options})  # fp32 unless asked
+        # fp32 unless asked; no pool faulted in at construction (seconds on a VM
+        # that backs memory on first use, and no test here times a step)
+        return LLM(checkpoint=smollm2_checkpoint, **{"dtype": "float32", "warm_kv_pool": False, **options})
 
     return make

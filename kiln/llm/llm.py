@@ -1,8 +1,13 @@
 """Offline batch generation: `LLM(model).generate(prompts, params)`."""
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import torch
 
 from kiln.config import EngineConfig
 from kiln.llm.engine.input_processor import Prompt
@@ -19,6 +24,8 @@ from kiln.llm.sampling_params import SamplingParams
 # the same split (CPU: 4096 offline, 2048 serving).
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 2048
 
+log = logging.getLogger(__name__)
+
 
 class LLM:
     """Loads a model (default: the installed SmolLM2 GGUF) and generates.
@@ -26,6 +33,8 @@ class LLM:
     Options are the flat names of EngineConfig fields (dtype, device,
     block_size, kv_cache_memory_gib, max_num_batched_tokens, ...), with
     their defaults but max_num_batched_tokens: OFFLINE_MAX_NUM_BATCHED_TOKENS.
+    With warm_kv_pool (the default) a CPU KV pool is faulted in before the
+    constructor returns (`_fault_in_kv_pool`).
     """
 
     def __init__(self, model: str | None = None, checkpoint: Checkpoint | None = None, **options: Any):
@@ -38,6 +47,31 @@ class LLM:
         self.engine = LLMEngine(self.config, checkpoint)
         self.tokenizer = self.engine.tokenizer
         self._counter = 0
+        if self.config.cache.warm_kv_pool:
+            self._fault_in_kv_pool()
+
+    def _fault_in_kv_pool(self) -> None:
+        """A server faults its pool in while idle (engine/loop.py); an offline
+        batch has no idle time, so its first writes would take the faults inside
+        steps, where a fault stalls every thread of the step. On a VM that backs
+        guest memory on first use that cost the 64-request SmolLM2 run ~10 s of
+        77 (docs/benchmarks.md, "The KV pool faulted in when the offline LLM is
+        built"). vLLM's LLM likewise zeroes its whole KV cache when built."""
+        def fault_in(_: int) -> int:
+            pieces = 0
+            while self.engine.core.warm_kv_pool():
+                pieces += 1
+            return pieces
+
+        started = time.perf_counter()
+        # One thread per core: where the host backs memory on first use its
+        # faults are served in parallel (two threads 2.2x one on a 2-vCPU VM).
+        threads = max(1, torch.get_num_threads())
+        with ThreadPoolExecutor(threads) as pool:
+            pieces = sum(pool.map(fault_in, range(threads)))
+        if pieces:
+            log.info("KV pool faulted in: %d pieces in %.1f s (--no-warm-kv-pool leaves it to first writes)",
+                     pieces, time.perf_counter() - started)
 
     def generate(
         self,

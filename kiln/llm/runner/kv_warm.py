@@ -24,6 +24,7 @@ import ctypes
 import logging
 import mmap
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -64,14 +65,17 @@ class KvPoolWarmer:
             madvise.restype = ctypes.c_int
             self._madvise = madvise
         self.done = not usable
+        self._lock = threading.Lock()  # next() of a generator is not thread-safe
 
     def step(self) -> bool:
         """Fault in the next piece (the GIL is released meanwhile); False once
-        nothing is left, or if the kernel cannot populate (then never again)."""
+        nothing is left, or if the kernel cannot populate (then never again).
+        Threads may call it at once: each takes its own piece."""
         madvise = self._madvise
         if self.done or madvise is None:
             return False
-        piece = next(self._pieces, None)
+        with self._lock:
+            piece = next(self._pieces, None)
         if piece is None:
             self.done = True
             return False

@@ -125,3 +125,18 @@ def test_offline_step_budget_default_and_override(llm, tiny_llama_dir):
     assert [o.outputs[0].token_ids for o in small.generate(PROMPTS, params)] == [
         o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)
     ]
+
+
+def test_the_offline_llm_faults_its_kv_pool_in_when_built(llm, tiny_llama_dir, caplog):
+    # No idle time to warm it in later: the pool is resident before generate()
+    # runs (nothing left to warm), unless warming is off (all of it left).
+    assert llm.engine.core.runner.warm_kv_pool() is False
+    lazy = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.02, max_model_len=256, warm_kv_pool=False)
+    assert lazy.engine.core.runner.warm_kv_pool() is True
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in lazy.generate(PROMPTS, params)] == [
+        o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)
+    ]
+    with caplog.at_level("INFO", logger="kiln.llm.llm"):
+        LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.02, max_model_len=256)
+    assert any("KV pool faulted in" in r.getMessage() for r in caplog.records)

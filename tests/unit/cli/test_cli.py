@@ -48,14 +48,18 @@ def test_generate_and_bench_parse():
     parser, _ = build_parser()
     args = parser.parse_args(["generate", "--prompt", "Hi", "--chat", "--max-tokens", "5"])
     assert (args.prompt, args.chat, args.max_tokens, args.model) == ("Hi", True, 5, None)
-    # generate runs the step budget its --help shows (the server's), not the offline LLM's.
+    # generate runs the step budget its --help shows (the server's), not the offline LLM's,
+    # and faults its KV pool in only when asked (the offline LLM does by default).
     parser, names = build_parser()
     args = parser.parse_args(["generate", "--prompt", "Hi"])
     assert generate_options(args, names["engine"]) == {
-        "max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens
+        "max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens, "warm_kv_pool": False
     }
-    args = parser.parse_args(["generate", "--prompt", "Hi", "--max-num-batched-tokens", "64", "--block-size", "32"])
-    assert generate_options(args, names["engine"]) == {"max_num_batched_tokens": 64, "block_size": 32}
+    args = parser.parse_args(["generate", "--prompt", "Hi", "--max-num-batched-tokens", "64", "--block-size", "32",
+                              "--warm-kv-pool"])
+    assert generate_options(args, names["engine"]) == {
+        "max_num_batched_tokens": 64, "block_size": 32, "warm_kv_pool": True
+    }
     args = parser.parse_args(["bench", "serve", "--model", "m", "--request-rate", "2", "--goodput", "ttft:500"])
     assert (args.model, args.request_rate, args.goodput) == ("m", 2.0, ["ttft:500"])
 

@@ -113,3 +113,23 @@ def test_the_loop_does_not_warm_while_a_request_runs():
 def test_warming_off_blocks_on_the_inbox_at_once():
     runner = WarmingRunner(pieces=3)
     assert run_loop(runner, [[]], warm_kv_pool=False) == [IDLE_POLL_S, IDLE_POLL_S] and runner.pieces == 3
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="MADV_POPULATE_WRITE is Linux's")
+def test_threads_warming_at_once_take_each_piece_once():
+    from concurrent.futures import ThreadPoolExecutor
+
+    pools = [kv_pool_tensor((2, 2**16, 2, 16), torch.float32, CPU) for _ in range(2)]  # 4 x 8 MiB halves
+    warmer = KvPoolWarmer(pools)
+
+    def drain(_: int) -> int:
+        steps = 0
+        while warmer.step():
+            steps += 1
+        return steps
+
+    with ThreadPoolExecutor(4) as pool:
+        counts = list(pool.map(drain, range(4)))
+    if sum(counts) == 0:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    assert sum(counts) == 4 * 4 and warmer.done  # 8 MiB halves in 2 MiB pieces, none taken twice
