@@ -12,9 +12,8 @@ what the kernel takes per layer and when a step may use it.
 It applies to a plain (not sharded) fp32 or bf16 CPU model with Kiln's
 kernels loaded, every projection in the model's dtype (fp32 models: also
 int8; fp32 and bf16 models: Kiln-format int4), a head layout the paged kernel takes, and a step
-of decode rows only, at most packed_min_rows(dtype) of them (above that the
-module path's projections switch to oneDNN), any number where every projection
-is int4 in lane layout (row_limit).
+of decode rows only, at most as many as the module path runs the same
+projection kernels for (row_limit).
 Families whose layer is Llama's with q/k/v biases (Qwen2), q/k norms
 (Qwen3), partial rotary (Phi-4-mini) or a sliding window (Mistral, Phi-3)
 pass those to the kernel too (fp32 models; a bf16 model with biases, q/k
@@ -40,6 +39,7 @@ from torch import nn
 from kiln.llm.attention.metadata import AttentionMetadata
 from kiln.llm.attention.options import AttentionOptions
 from kiln.llm.kernels.ops import kernels_loaded, packed_min_rows
+from kiln.llm.kernels.tuning import INT4_DEQUANT_MIN_ROWS
 from kiln.llm.layers.linear import Linear
 from kiln.llm.models.arch import ModelArch
 from kiln.llm.models.mlp import LlamaMLP
@@ -187,17 +187,33 @@ class FusedLayers(list[FusedLayer]):
 
 
 def row_limit(layers: list[FusedLayer]) -> int | None:
-    """The most rows a decode-only step may have to take these layers (None: any).
-    Where every projection is int4 in lane layout the module path runs the same
-    kernel at every row count, so the step has the same bits either way and
-    the fused layers save the module path's per-layer Python at any batch
-    (a 32-prompt decode run, Zen 4: 1.04-1.05x); else packed_min_rows (above
-    it the module path's projections switch to oneDNN)."""
+    """The most rows a decode-only step may have to take these layers (None: any):
+    as many as the module path runs the fused layers' projection kernels for,
+    so a step has the same bits either way, and the fused layers save the
+    module path's per-layer Python (a 32-prompt decode run, Zen 4: 1.04-1.05x;
+    48 rows, Zen 3: 1.02-1.20x). The least of the projections' own limits
+    (`projection_row_limit`); a MoE layer's experts: packed_min_rows."""
     dtype = layers[0].input_norm.dtype if layers else torch.float32
-    lanes = all(
-        f.moe is None and all(p[0].dtype == torch.int32 for p in (f.qkv, f.o, f.gate_up, f.down)) for f in layers
-    )
-    return None if layers and lanes and dtype == torch.bfloat16 else packed_min_rows(dtype)
+    if not layers or any(f.moe is not None for f in layers):
+        return packed_min_rows(dtype)
+    limits = [projection_row_limit(p, f.group_size, dtype) for f in layers for p in (f.qkv, f.o, f.gate_up, f.down)]
+    bounded = [n for n in limits if n is not None]
+    return min(bounded) if bounded else None
+
+
+def projection_row_limit(tensors: list[torch.Tensor], group_size: int, dtype: torch.dtype) -> int | None:
+    """Rows up to which a projection's module (None: at any) runs the kernel
+    decode_layer.cpp's `project` runs for it: int4 in lane layout
+    (Int4LaneLinear), int8 rows (Int8Linear) and int4 on int8 activations
+    one kernel at every row count; Kiln-format int4 in an fp32 model up to
+    INT4_DEQUANT_MIN_ROWS (then oneDNN on the widened weight); anything else
+    up to packed_min_rows (then a packed copy's oneDNN)."""
+    codes = tensors[0].dtype if len(tensors) == 2 else None
+    if codes in (torch.int32, torch.int8) or (codes == torch.uint8 and group_size < 0):
+        return None
+    if codes == torch.uint8 and dtype == torch.float32:
+        return INT4_DEQUANT_MIN_ROWS
+    return packed_min_rows(dtype)
 
 
 def decode_stack(layers: list[FusedLayer], arch: ModelArch) -> torch.ScriptObject | None:

@@ -15,7 +15,7 @@ import torch
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.kernels.ops import decode_profile, packed_min_rows
-from kiln.llm.kernels.tuning import PACKED_MIN_ROWS
+from kiln.llm.kernels.tuning import INT4_DEQUANT_MIN_ROWS, PACKED_MIN_ROWS
 from kiln.llm.models import fused_decode
 from kiln.llm.models.arch import LlamaArch, MoEShape
 from kiln.llm.models.gemma import GemmaModel
@@ -64,10 +64,10 @@ def model_in(mode: str, arch: LlamaArch = ARCH) -> LlamaModel:
 
 
 def decode_step(batch: int, pool_dtype: torch.dtype = torch.float32):
-    """Inputs of a decode-only step: sequence b has context 3 + 5b (its new
-    token included) in blocks b * BLOCKS_PER_SEQ ..."""
+    """Inputs of a decode-only step: sequence b has context 3 + 5 (b % 20) (its
+    new token included) in blocks b * BLOCKS_PER_SEQ ..."""
     g = torch.Generator().manual_seed(batch)
-    ctx = [3 + 5 * b for b in range(batch)]
+    ctx = [3 + 5 * (b % 20) for b in range(batch)]
     tables = [list(range(b * BLOCKS_PER_SEQ, (b + 1) * BLOCKS_PER_SEQ)) for b in range(batch)]
     slots = [t[(n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK for t, n in zip(tables, ctx, strict=True)]
     meta = AttentionMetadata(slot_mapping=torch.tensor(slots), block_size=BLOCK, num_decodes=batch)
@@ -187,20 +187,25 @@ def test_applies_only_to_small_decode_only_steps():
 
 
 @pytest.mark.parametrize("mode,limit", [("int4-bf16", None), ("bf16", packed_min_rows(torch.bfloat16)),
-                                        ("int4", PACKED_MIN_ROWS), ("fp32", PACKED_MIN_ROWS)])
-def test_lane_layout_models_step_fused_at_any_row_count(mode, limit):
-    """int4 in lane layout runs the same kernel at every row count on the module path, so the
-    fused layers take decode steps of any size there; the others stop where oneDNN takes over."""
+                                        ("int4", INT4_DEQUANT_MIN_ROWS), ("int4-a8", None),
+                                        ("int8", None), ("int8-bf16", None), ("fp32", PACKED_MIN_ROWS)])
+def test_fused_layers_take_as_many_rows_as_the_module_path_runs_their_kernels_for(mode, limit):
+    """int4 in lane layout, int8 rows and int4 on int8 activations run the same kernel at every row
+    count on the module path, so the fused layers take decode steps of any size there; fp32 models'
+    int4 projections run it up to INT4_DEQUANT_MIN_ROWS rows; the others stop where oneDNN takes over."""
     model = model_in(mode)
-    if limit is None and not any(type(m) is Int4LaneLinear for m in model.modules()):
+    if mode == "int4-bf16" and not any(type(m) is Int4LaneLinear for m in model.modules()):
         limit = packed_min_rows(torch.bfloat16)  # a build without bf16 dot products keeps Int4CpuLinear
     assert model.fused_layers.max_rows == limit
     _, _, _, meta = decode_step(4)
     many = dataclasses.replace(meta, num_decodes=100)
-    assert fused_decode.applies(many, 100, model.fused_layers.max_rows) == (limit is None)
-    if limit is None:
-        assert_fused_step_is_the_module_path(model, 20, torch.bfloat16)  # two decode groups, fused
+    assert fused_decode.applies(many, 100, model.fused_layers.max_rows) == (limit is None or limit >= 100)
+    if limit is None or limit > PACKED_MIN_ROWS:
+        # above the old 32-row limit, three decode groups, fused: the module path's bits
+        pool_dtype = torch.bfloat16 if mode in ("int4-bf16", "int8-bf16") else torch.float32
+        assert_fused_step_is_the_module_path(model, 40, pool_dtype)
     assert model_in("int4-bf16", MOE_ARCH).fused_layers.max_rows == packed_min_rows(torch.bfloat16)
+    assert model_in("int4", MOE_ARCH).fused_layers.max_rows == PACKED_MIN_ROWS  # MoE experts: their own path
 
 
 def test_bf16_models_step_fused_up_to_their_own_row_limit():
