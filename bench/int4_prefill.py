@@ -1,6 +1,6 @@
-"""int4 prefill: the int4 kernel against widening the weight to fp32 and
-running oneDNN (what Int4CpuLinear does above INT4_DEQUANT_MIN_ROWS rows),
-per row count, on the default model's (SmolLM2-135M Q4_1) int4 Linears;
+"""int4 prefill: the int4 kernel, kiln::linear_w4_panels (what Int4CpuLinear
+runs above INT4_DEQUANT_MIN_ROWS rows, fp32) and widening the weight to fp32
+and running oneDNN (what it ran there before the panels), per row count, on the default model's (SmolLM2-135M Q4_1) int4 Linears;
 then whole prompts through the engine, kept int4 against `--quantization
 float`. With `--dtype bfloat16` (a CPU with bf16 dot products): also Kiln's
 bf16 kernel (kiln::linear_w4_bf16: weights widened in registers up to 8 rows,
@@ -88,7 +88,7 @@ def main() -> None:
     print(f"threads={args.threads}  shapes={[(m.out_features, m.in_features) for m in layers]}")
     bf16 = args.dtype == "bfloat16"
     print(f"rows  int4 kernel ms  widened ({args.dtype})+oneDNN ms  kernel/widened"
-          + ("  bf16 kernel ms  kernel/bf16" if bf16 else ""))
+          + ("  bf16 kernel ms  kernel/bf16" if bf16 else "  panels ms  panels/widened"))
     for rows in (int(r) for r in args.rows.split(",")):
         xs = [torch.randn(rows, m.in_features, generator=g) for m in layers]
         kernel = sum(timed(lambda m=m, x=x: ops.linear_w4(x, m.codes, m.scale_min, m.group_size), args.repeats)
@@ -101,6 +101,10 @@ def main() -> None:
             bf16_kernel = sum(timed(lambda m=m, x=x: ops.linear_w4_bf16(x, m.codes, m.scale_min, m.group_size),
                               args.repeats) for m, x in zip(layers, xs16, strict=True))
             line += f"  {bf16_kernel * 1e3:14.2f}  {kernel / bf16_kernel:11.2f}x"
+        else:
+            panels = sum(timed(lambda m=m, x=x: ops.linear_w4_panels(x, m.codes, m.scale_min, m.group_size),
+                               args.repeats) for m, x in zip(layers, xs, strict=True))
+            line += f"  {panels * 1e3:9.2f}  {panels / wide:13.2f}x"
         print(line, flush=True)
     floats = LLM(quantization="float", dtype=args.dtype, kv_cache_memory_gib=0.25)
     for llm in (stored, floats):

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 COMMON_SOURCES = (
     "linear_f32.cpp", "linear_w4a8.cpp", "linear_q8_0a8.cpp", "paged_attention.cpp", "prefill_attention.cpp",
-    "kv_write.cpp", "layer_ops.cpp", "decode_layer.cpp", "dequant_w4.cpp", "row_argmax.cpp",
+    "kv_write.cpp", "layer_ops.cpp", "decode_layer.cpp", "dequant_w4.cpp", "row_argmax.cpp", "linear_w4_panels.cpp",
 )
 
 

@@ -203,6 +203,19 @@ def linear_w4(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, gro
     return torch.ops.kiln.linear_w4(x, codes, scale_min, group_size)
 
 
+def linear_w4_panels(
+    x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor, group_size: int
+) -> torch.Tensor | None:
+    """x fp32 [M, K] @ int4-group weights^T for prompt-sized M (linear_w4's
+    operands): each output one fp32 chain along K, so a row's result depends
+    on neither M nor the other rows, but is not linear_w4's (linear_w4_panels.cpp);
+    None where it does not apply."""
+    params_dtype = torch.float32 if scale_min.dtype == torch.float32 else torch.float16
+    if not _weight_only_applies(x, codes, torch.uint8, scale_min, params_dtype):
+        return None
+    return torch.ops.kiln.linear_w4_panels(x, codes, scale_min, group_size)
+
+
 def dequantize_w4(
     codes: torch.Tensor, scale_min: torch.Tensor, group_size: int, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor | None:

@@ -13,11 +13,15 @@ LINEAR_MAX_ROWS = 192
 # of Kiln's kernel; also the largest decode step the fused decode layer takes. Re-tune: bench/linear_f32.py.
 PACKED_MIN_ROWS = 32
 
-# Rows above which an int4 Linear (Kiln's CPU format) widens its whole weight to fp32 (kiln::dequantize_w4),
-# packs it and runs oneDNN instead of the int4 kernel. Above 8 rows the kernel widens a tile of weight rows
-# once per call into an L1/L2 buffer and runs the fp32 micro-kernel on it; SmolLM2's four int4 shapes summed,
-# Zen 3, kernel / widened+oneDNN: 0.57-0.71x at 64 rows, 0.72-0.84x at 128, 0.80-0.94x at 192, 0.93-1.08x
-# at 256 (1 and 2 threads, three runs). Re-tune: bench/int4_prefill.py.
+# Rows above which an int4 Linear (Kiln's CPU format) with fp32 activations runs kiln::linear_w4_panels (an
+# outer-product GEMM on panels of widened weights; other bits than the int4 kernel's) instead of the int4
+# kernel (one chain of eight partial sums per output, the bits of every decode batch up to here: the fused
+# decode layers take steps of up to this many rows, fused_decode.row_limit). Above 8 rows the kernel widens a
+# tile of weight rows once per call into an L1/L2 buffer and runs the fp32 micro-kernel on it; SmolLM2's four
+# int4 shapes summed, Zen 3, kernel / widened+oneDNN (the path above this before linear_w4_panels):
+# 0.57-0.71x at 64 rows, 0.72-0.84x at 128, 0.80-0.94x at 192, 0.93-1.08x at 256 (1 and 2 threads, three
+# runs). The panels ran 160-177 GFLOP/s from 193 rows, 2 threads, Zen 3 (2026-12-05). Re-tune:
+# bench/int4_prefill.py.
 INT4_DEQUANT_MIN_ROWS = 192
 
 # fp32 rows up to which a GGUF Q8_0 LM head multiplies its int8 blocks (kiln::linear_q8_0, a third of the

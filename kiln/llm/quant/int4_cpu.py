@@ -19,9 +19,11 @@ the fp16-rounded grid, so the error per weight stays within half a step
 
 Activations stay float32: the kernel widens the codes in registers and
 dequantizes with one FMA. That is compute-bound, so inputs of more than
-INT4_DEQUANT_MIN_ROWS rows (prefill chunks) widen the weight once per call
-into memory (kiln::dequantize_w4, the same FMA), pack it and run oneDNN,
-as fp32 Linears do above their row limit. A bf16 model on a CPU with bf16
+INT4_DEQUANT_MIN_ROWS rows (prefill chunks) run kiln::linear_w4_panels:
+the weight widened (the same FMA) 16 rows at a time into k-major panels
+that every x row passes over in an outer-product micro-kernel (1.0-1.6x
+oneDNN on the weight widened and packed per call, which ran there before;
+linear_w4_panels.cpp). A bf16 model on a CPU with bf16
 dot products (AVX512_BF16, AMX) computes what the model in bf16 would (its
 weights rounded to bf16, as its activations are) at every row count:
 kiln::linear_w4_bf16 up to INT4_BF16_DEQUANT_MIN_ROWS rows (up to 8 the
@@ -45,11 +47,10 @@ from kiln.llm.kernels.ops import (
     bf16_dot_products,
     dequantize_w4,
     kernels_loaded,
-    linear_packed,
     linear_w4,
     linear_w4_bf16,
+    linear_w4_panels,
     linear_w4a8,
-    pack_linear_weight,
 )
 from kiln.llm.kernels.tuning import INT4_BF16_DEQUANT_MIN_ROWS, INT4_DEQUANT_MIN_ROWS
 from kiln.llm.quant.base import QuantizedLinear
@@ -142,19 +143,12 @@ class Int4CpuLinear(QuantizedLinear):
         a8 = self.int8_activations and x.dtype == torch.float32
         y = linear_w4a8(x2, self.codes, self.scale_min, self.group_size) if a8 else None
         if y is None and x2.shape[0] > INT4_DEQUANT_MIN_ROWS:
-            y = self._widened(x2)
+            y = linear_w4_panels(x2, self.codes, self.scale_min, self.group_size)
         if y is None:
             y = linear_w4(x2, self.codes, self.scale_min, self.group_size)
         if y is None:
             y = F.linear(x2, self.dequantized_weight().to(x2.device))
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-    def _widened(self, x: torch.Tensor) -> torch.Tensor | None:
-        """x @ W^T through oneDNN on W widened to fp32 for this call (prefill-sized x;
-        a row's result does not depend on the other rows), or None where that is unavailable."""
-        weight = dequantize_w4(self.codes, self.scale_min, self.group_size) if x.device.type == "cpu" else None
-        packed = pack_linear_weight(weight) if weight is not None else None
-        return linear_packed(x, packed) if packed is not None else None
 
     def _bf16(self, x: torch.Tensor) -> torch.Tensor | None:
         """x @ W^T in bf16 on W widened to bf16, where the CPU has bf16 dot products

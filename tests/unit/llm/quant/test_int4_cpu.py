@@ -248,20 +248,20 @@ def test_widened_weight_is_the_one_the_kernel_multiplies_by(params, group_size):
 
 
 @needs_kernels
-def test_prefill_sized_inputs_take_the_widened_weight_row_independently(monkeypatch):
+def test_prefill_sized_inputs_take_the_panels_above_the_limit(monkeypatch):
     layer = Int4CpuLinear.from_float(weight(), 64)
     rows = int4_cpu.INT4_DEQUANT_MIN_ROWS + 40
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(1))
-    widened = []
-    real = int4_cpu.linear_packed
-    monkeypatch.setattr(int4_cpu, "linear_packed", lambda a, p: widened.append(a.shape[0]) or real(a, p))
+    calls = []
+    real = int4_cpu.linear_w4_panels
+    monkeypatch.setattr(int4_cpu, "linear_w4_panels", lambda a, *rest: calls.append(a.shape[0]) or real(a, *rest))
     y = layer(x)
     ref = F.linear(x.double(), layer.dequantized_weight().double()).float()
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
     assert torch.equal(layer(x[: rows - 7]), y[: rows - 7])  # a row's result does not depend on the others
-    assert widened == [rows, rows - 7]
+    assert calls == [rows, rows - 7]
     layer(x[: int4_cpu.INT4_DEQUANT_MIN_ROWS])
-    assert widened == [rows, rows - 7]  # up to the limit: the int4 kernel
+    assert calls == [rows, rows - 7]  # up to the limit: the int4 kernel
 
 
 @needs_kernels
@@ -278,3 +278,34 @@ def test_int8_activations_switch_fp32_inputs_to_linear_w4a8():
     bf16_exact = layer(x[:4].bfloat16())
     layer.int8_activations = True
     assert torch.equal(layer(x[:4].bfloat16()), bf16_exact)
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("params", ["fp16", "fp32"])
+def test_prompt_sized_inputs_take_the_panels_row_independently(threads, params):
+    # Above INT4_DEQUANT_MIN_ROWS rows: kiln::linear_w4_panels, one fp32 chain
+    # along K per output. 301 weight rows: a last panel of 13; 1536 inputs: six
+    # K blocks; 487 x rows: two row blocks of 240 and a tail of 7 (the six-row
+    # micro-kernel's padded pass).
+    layer = Int4CpuLinear.from_float(weight(), 64)
+    if params == "fp32":
+        layer = Int4CpuLinear(layer.codes, layer.scale_min.float(), 64)
+    x = torch.randn(487, 1536, generator=torch.Generator().manual_seed(11))
+    ref = F.linear(x.double(), layer.dequantized_weight().double()).float()
+    panels = ops.linear_w4_panels
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = layer(x)
+        torch.testing.assert_close(full, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        assert torch.equal(full, panels(x, layer.codes, layer.scale_min, 64))
+        # A row's bits wherever it sits and whatever M is.
+        for rows in (int4_cpu.INT4_DEQUANT_MIN_ROWS + 1, 240, 241, 300):
+            assert torch.equal(layer(x[:rows]), full[:rows])
+        for lo, hi in ((480, 487), (5, 6), (100, 113)):
+            assert torch.equal(panels(x[lo:hi], layer.codes, layer.scale_min, 64), full[lo:hi])
+    finally:
+        torch.set_num_threads(before)
+    assert not torch.equal(full[:9], layer(x[:9]))  # up to the limit, the int4 kernel's other chain
+    assert panels(x.double(), layer.codes, layer.scale_min, 64) is None
