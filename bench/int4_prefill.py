@@ -1,10 +1,11 @@
 """int4 prefill: the int4 kernel, kiln::linear_w4_panels (what Int4CpuLinear
 runs above INT4_DEQUANT_MIN_ROWS rows, fp32) and widening the weight to fp32
-and running oneDNN (what it ran there before the panels), per row count, on the default model's (SmolLM2-135M Q4_1) int4 Linears;
-then whole prompts through the engine, kept int4 against `--quantization
-float`. With `--dtype bfloat16` (a CPU with bf16 dot products): also Kiln's
-bf16 kernel (kiln::linear_w4_bf16: weights widened in registers up to 8 rows,
-a tile at a time above), and widening to bf16 for oneDNN's bf16 GEMM
+and running oneDNN (what it ran there before the panels), per row count,
+on the default model's (SmolLM2-135M Q4_1) int4 Linears; then whole
+prompts through the engine, kept int4 against `--quantization float`. With
+`--dtype bfloat16` (a CPU with bf16 dot products): also Kiln's bf16 kernel
+(kiln::linear_w4_bf16: weights widened in registers up to 8 rows, a tile at
+a time above), and widening to bf16 for oneDNN's bf16 GEMM
 (Int4CpuLinear's paths for bf16 activations, split at
 INT4_BF16_DEQUANT_MIN_ROWS), and bf16 engines.
 
