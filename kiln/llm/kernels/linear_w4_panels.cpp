@@ -8,7 +8,8 @@
 // outer-product micro-kernel: per k, two panel vectors, six broadcasts of x
 // and twelve FMAs, the accumulators never summed across lanes. K is taken in
 // blocks of kKBlock so that a panel's block (16 KiB) stays in L1 while the x
-// rows stream by; between blocks the accumulators go through y and come back.
+// rows stream by; between blocks the accumulators go through y (or a scratch)
+// and come back.
 //
 // Every output is one chain, y[m, n] = fma(x[m, k], w[n, k], y) for k = 0, 1,
 // ... K-1 from 0, in fp32: storing and reloading an fp32 accumulator is exact,
@@ -23,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "int4_widen.h"
@@ -70,7 +72,7 @@ void widen_panel(const kiln_int4::Weight& w, const P* params, int64_t n0, int64_
                  float* panel) {
   const int64_t K = w.K, groups = K / w.G;
   const uint8_t* codes = w.codes.const_data_ptr<uint8_t>();
-  std::fill(rows.begin(), rows.end(), 0.0f);
+  if (cols < kPanel) std::fill(rows.begin() + cols * K, rows.end(), 0.0f);
   for (int64_t j = 0; j < cols; ++j)
     kiln_int4::widen_row(codes + (n0 + j) * (K / 2), params + (n0 + j) * groups * 2, rows.data() + j * K, K, w.G);
   for (int64_t k = 0; k < K; ++k)
@@ -97,18 +99,19 @@ void run(const float* x, const kiln_int4::Weight& w, const P* params, float* y, 
       for (int64_t p = begin; p < end; ++p) {
         const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
         widen_panel(w, params, n0, cols, rows, panel);
-        float* c = cols < kPanel ? scratch.data() - m0 * kPanel : y + n0;  // row m at c + m * ldc
+        float* c = cols < kPanel ? scratch.data() : y + m0 * N + n0;  // row m0 + i at c + i * ldc
         const int64_t ldc = cols < kPanel ? kPanel : N;
         for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
           const int64_t k1 = std::min(K, k0 + kKBlock);
           const auto fn = k0 == 0 ? micro<true> : micro<false>;
-          for (int64_t m = m0; m < full; m += kRows) fn(x + m * K, K, panel, k0, k1, c + m * ldc, ldc);
+          for (int64_t m = m0; m < full; m += kRows) fn(x + m * K, K, panel, k0, k1, c + (m - m0) * ldc, ldc);
           if (full < m1) fn(x_tail.data(), K, panel, k0, k1, c_tail.data(), kPanel);
         }
         for (int64_t m = full; m < m1; ++m)
-          std::copy(c_tail.data() + (m - full) * kPanel, c_tail.data() + (m - full + 1) * kPanel, c + m * ldc);
+          std::copy(c_tail.data() + (m - full) * kPanel, c_tail.data() + (m - full + 1) * kPanel, c + (m - m0) * ldc);
         if (cols < kPanel)
-          for (int64_t m = m0; m < m1; ++m) std::copy(c + m * kPanel, c + m * kPanel + cols, y + m * N + n0);
+          for (int64_t m = m0; m < m1; ++m)
+            std::copy(c + (m - m0) * kPanel, c + (m - m0) * kPanel + cols, y + m * N + n0);
       }
     }
     std::free(panel);
@@ -123,7 +126,9 @@ at::Tensor linear_w4_panels(const at::Tensor& x_in, const at::Tensor& codes, con
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(), "linear_w4_panels: fp32 CPU x required");
   const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty({x.size(0), w.N}, x.options());
-  w.with_params([&](const auto* params) { run(x.const_data_ptr<float>(), w, params, y.mutable_data_ptr<float>(), x.size(0)); });
+  w.with_params([&](const auto* params) {
+    run(x.const_data_ptr<float>(), w, params, y.mutable_data_ptr<float>(), x.size(0));
+  });
   return y;
 }
 
