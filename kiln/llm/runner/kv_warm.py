@@ -10,7 +10,8 @@ to the tail of the free queue, so every new prompt writes never-used blocks
 until the whole pool has been written once: a 32-prompt prefill ran 7-8%
 slower on a fresh pool than on a faulted-in one. The engine loop calls
 `step()` while it has nothing to run, one piece at a time, so the faults are
-taken off the serving path.
+taken off the serving path; the offline LLM, which has no idle time, calls it
+to the end from one thread per core when it is built (llm.py).
 
 `MADV_POPULATE_WRITE` (Linux 5.14+) maps the pages writable as a write
 would, without writing: a block in use keeps its contents, so pieces need no
