@@ -206,7 +206,7 @@ def projection_row_limit(tensors: list[torch.Tensor], group_size: int, dtype: to
     decode_layer.cpp's `project` runs for it: int4 in lane layout
     (Int4LaneLinear), int8 rows (Int8Linear) and int4 on int8 activations
     one kernel at every row count; Kiln-format int4 in an fp32 model up to
-    INT4_DEQUANT_MIN_ROWS (then oneDNN on the widened weight); anything else
+    INT4_DEQUANT_MIN_ROWS (then kiln::linear_w4_panels); anything else
     up to packed_min_rows (then a packed copy's oneDNN)."""
     codes = tensors[0].dtype if len(tensors) == 2 else None
     if codes in (torch.int32, torch.int8) or (codes == torch.uint8 and group_size < 0):
