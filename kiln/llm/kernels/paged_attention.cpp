@@ -155,9 +155,10 @@ void weigh_values(const KV* vp, const int64_t* table, int64_t first, int64_t end
 
 // One work item: sequence b, kv heads [g0, g1), each with its G query heads:
 // all its keys scored, each score row softmaxed, then the values weighed per
-// kv head and slice of S vectors of the head dimension (AVX2: 2 x 8 floats;
-// 16 lanes: 4 x 16 where G x 4 accumulators fit, else 1 x 16), reading the
-// values from L2 where pass 1 prefetched them.
+// kv head and slice of S vectors of the head dimension (AVX2: 4 x 8 floats
+// on an fp32 pool where G x 4 accumulators fit, else 2 x 8; 16 lanes: 4 x 16 where G x 4
+// accumulators fit, else 1 x 16), reading the values from L2 where pass 1
+// prefetched them.
 template <int G, int S, typename V, typename KV>
 void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
             int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, float softcap,
@@ -167,9 +168,14 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, in
   score_keys<G, V, KV>(q, kp, vp, table, first, end, first, end, block_size, KVH, D, g0, g1, scale, softcap,
                        scores.data());
   for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
+  // The AVX2 build on an fp32 pool requests the next block's values into
+  // L1 as it weighs a block (with the four slices above, 1.07x on Zen 3
+  // from DRAM: docs/benchmarks.md); 16-bit pools and the 16-lane build were
+  // tuned without it (fp16 measured 0.93-0.96x with it) and are left so.
+  constexpr bool kPrefetchValues = V::kLanes == 8 && std::is_same_v<KV, float>;
   for (int64_t g = g0; g < g1; ++g)
-    weigh_values<G, S, V, KV>(vp, table, first, end, block_size, KVH, D, g, 0, D, scores.data() + (g - g0) * G * ctx,
-                              out);
+    weigh_values<G, S, V, KV, kPrefetchValues>(vp, table, first, end, block_size, KVH, D, g, 0, D,
+                                               scores.data() + (g - g0) * G * ctx, out);
 }
 
 template <typename KV>
@@ -207,8 +213,11 @@ GroupKernels<KV> kernels_for_group(int group, int64_t D, std::integer_sequence<i
   ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 16, V, KV, true> : k.weigh), ...);
 #else
   using V = Lanes8;
-  (void)D;
-  ((k.attend = group == G + 1 ? attend<G + 1, 2, V, KV> : k.attend), ...);
+  // An fp32 pool: four 8-lane slices of outputs per pass where G x 4 accumulators fit in 12 registers (the
+  // values are FMA memory operands), else two (16-bit pools: two, measured no slower).
+  const bool wide = std::is_same_v<KV, float> && D % 32 == 0 && group <= 3;
+  ((k.attend = group == G + 1 ? (wide ? attend<G + 1, (G < 3 ? 4 : 2), V, KV> : attend<G + 1, 2, V, KV>)
+                              : k.attend), ...);
   ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 8, V, KV, true> : k.weigh), ...);
 #endif
   ((k.score = group == G + 1 ? score_keys<G + 1, V, KV> : k.score), ...);
