@@ -28,6 +28,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -240,13 +241,70 @@ at::Tensor linear_q8_0(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return dense<int8_t, true>(x, w, nullptr, scales.const_data_ptr<float>());
 }
 
+// K-blocked passes over widened weights for long rows (the down projection's
+// K = 1536): four x rows and three weight rows over all of K (42 KB) overflow
+// L1, and the wide micro-kernel ran 1.3x slower than at K = 576. Here each
+// pass covers kWidenedKBlock of K, and the eight-lane accumulators of every
+// (x row, weight row) pair wait in a per-thread buffer between blocks: the
+// same FMAs in the same order, then the same hsum, so the bits are those of
+// one pass over K.
+constexpr int64_t kWidenedKBlock = 512;
+
+struct WidenedKBlocks {
+  const float* x;
+  const float* w;  // widened weight rows [rows, K]
+  float* y;        // y's row stride stays N
+  float* acc;      // [row block rows, rows, 8]
+  int64_t K, N, rows;
+
+  template <int MR, int NR>
+  void micro(int64_t m, int64_t n, int64_t m0, int64_t k0, int64_t k1) const {
+    __m256 a[MR][NR];
+    float* spill = acc + ((m - m0) * rows + n) * 8;
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j)
+        a[i][j] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(spill + (i * rows + j) * 8);
+    for (int64_t k = k0; k < k1; k += 8) {
+      __m256 wv[NR];
+      for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + (n + j) * K + k);
+      for (int i = 0; i < MR; ++i) {
+        const __m256 xv = _mm256_loadu_ps(x + (m + i) * K + k);
+        for (int j = 0; j < NR; ++j) a[i][j] = _mm256_fmadd_ps(xv, wv[j], a[i][j]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) {
+        if (k1 == K)
+          y[(m + i) * N + n + j] = hsum(a[i][j]);
+        else
+          _mm256_storeu_ps(spill + (i * rows + j) * 8, a[i][j]);
+      }
+  }
+
+  // x rows [m0, m1) against all the widened rows, a K block at a time.
+  void run(int64_t m0, int64_t m1) const {
+    using Fn = void (WidenedKBlocks::*)(int64_t, int64_t, int64_t, int64_t, int64_t) const;
+    constexpr int WR = DenseProblem<float>::kWideRows, WC = DenseProblem<float>::kWideCols;
+    static constexpr std::array<Fn, WR * WC> fns = []<int... I>(std::integer_sequence<int, I...>) {
+      return std::array<Fn, WR * WC>{&WidenedKBlocks::micro<I / WC + 1, I % WC + 1>...};
+    }(std::make_integer_sequence<int, WR * WC>{});
+    for (int64_t k0 = 0; k0 < K; k0 += kWidenedKBlock) {
+      const int64_t k1 = std::min(K, k0 + kWidenedKBlock);
+      for (int64_t m = m0; m < m1; m += WR)
+        for (int64_t n = 0; n < rows; n += WC)
+          (this->*fns[(std::min<int64_t>(WR, m1 - m) - 1) * WC + std::min<int64_t>(WC, rows - n) - 1])(m, n, m0, k0, k1);
+    }
+  }
+};
+
 // More than kNarrowMaxRows x rows: Int4Problem's wide micro-kernel widens
 // every weight again for each group of 4 x rows (16 times at 64 rows), and
 // is compute-bound on it. Here each tile of weight rows is widened once into
 // a per-thread fp32 buffer (widen_row: the kernel's own FMA, so the same
 // weights) and every x row runs DenseProblem<float>'s wide micro-kernel on
-// it: per output the same chain (acc = fma(x, w, acc) 8 lanes along K, then
-// hsum; K % 64 == 0 leaves no tail), so the bits are Int4Problem's.
+// it (WidenedKBlocks' where K > 2 * kWidenedKBlock): per output the same chain
+// (acc = fma(x, w, acc) 8 lanes along K, then hsum; K % 64 == 0 leaves no
+// tail), so the bits are Int4Problem's.
 template <typename P>
 void run_w4_tiles(const Int4Problem<P>& p, int64_t M) {
   using Dense = DenseProblem<float>;
@@ -254,11 +312,21 @@ void run_w4_tiles(const Int4Problem<P>& p, int64_t M) {
   const int64_t K = p.K;
   const int64_t tile = std::max<int64_t>(WC, kiln_linear::kWeightTileBytes / (K * 4) / WC * WC);
   const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 4) / WR * WR);
+  const bool k_blocks = K > 2 * kWidenedKBlock;
   kiln_int4::over_widened_tiles<float>(p.codes, p.scale_min, K, p.N, p.G, tile, 4 * WC,
                                        kiln_int4::widen_row<P, float>,
                                        [&](const float* widened, int64_t t0, int64_t rows) {
-    const Dense d{p.x, widened, nullptr, p.y + t0, K, p.N};  // y's row stride stays N
-    for (int64_t m0 = 0; m0 < M; m0 += row_block) Kernels<Dense>::block(d, m0, std::min(M, m0 + row_block), 0, rows);
+    thread_local std::vector<float> acc;
+    if (k_blocks) acc.resize(row_block * rows * 8);
+    for (int64_t m0 = 0; m0 < M; m0 += row_block) {
+      const int64_t m1 = std::min(M, m0 + row_block);
+      if (k_blocks) {
+        WidenedKBlocks{p.x, widened, p.y + t0, acc.data(), K, p.N, rows}.run(m0, m1);
+      } else {
+        const Dense d{p.x, widened, nullptr, p.y + t0, K, p.N};
+        Kernels<Dense>::block(d, m0, m1, 0, rows);
+      }
+    }
   });
 }
 

@@ -94,11 +94,13 @@ def test_fp32_parameters_compute_what_fp16_ones_do_and_their_own_values(group_si
 @needs_kernels
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("group_size", [64, 96])
-def test_each_row_is_independent_of_the_others(threads, group_size):
+@pytest.mark.parametrize("k", [1536, 1152, 576])
+def test_each_row_is_independent_of_the_others(threads, group_size, k):
     # Up to 8 rows the kernel widens in registers; above, a tile of weight rows into a buffer
-    # that every row reads: the same bits either way.
-    layer = Int4CpuLinear.from_float(weight(), group_size)
-    x = torch.randn(70, 1536, generator=torch.Generator().manual_seed(3))
+    # that every row reads, in K blocks of 512 where K > 1024 (1152: a short last block): the
+    # same bits either way.
+    layer = Int4CpuLinear.from_float(weight(k=k), group_size)
+    x = torch.randn(70, k, generator=torch.Generator().manual_seed(3))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
