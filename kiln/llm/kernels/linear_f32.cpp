@@ -111,9 +111,11 @@ struct DenseProblem {
         for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
       }
     }
+    float sums[MR][NR];
+    kiln_linear::lane_sums<MR, NR>(acc, sums);
     for (int m = 0; m < MR; ++m)
       for (int n = 0; n < NR; ++n) {
-        float s = hsum(acc[m][n]);
+        float s = sums[m][n];
         for (int64_t t = k; t < K; ++t) s += xr[m * K + t] * static_cast<float>(wr[n * K + t]);
         y[(m0 + m) * N + n0 + n] = scale ? s * scale[n0 + n] : s;
       }
@@ -272,13 +274,15 @@ struct WidenedKBlocks {
         for (int j = 0; j < NR; ++j) a[i][j] = _mm256_fmadd_ps(xv, wv[j], a[i][j]);
       }
     }
+    if (k1 == K) {
+      float sums[MR][NR];
+      kiln_linear::lane_sums<MR, NR>(a, sums);
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NR; ++j) y[(m + i) * N + n + j] = sums[i][j];
+      return;
+    }
     for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) {
-        if (k1 == K)
-          y[(m + i) * N + n + j] = hsum(a[i][j]);
-        else
-          _mm256_storeu_ps(spill + (i * rows + j) * 8, a[i][j]);
-      }
+      for (int j = 0; j < NR; ++j) _mm256_storeu_ps(spill + (i * rows + j) * 8, a[i][j]);
   }
 
   // x rows [m0, m1) against all the widened rows, a K block at a time.
