@@ -56,8 +56,9 @@ inline void prefetch_ahead(const void* pass, int64_t row_bytes, int64_t offset) 
   for (int j = 0; j < NR; ++j) _mm_prefetch(run + 64 * j, _MM_HINT_T0);
 }
 // sums[m][n] = kiln_simd::hsum(acc[m][n]), bit for bit; four rows at a time
-// through hsum4 (a third of the shuffles: the 4 x 3 micro-kernel's 12 sums
-// at the end of each pass were ~10% of its time at K = 576).
+// through hsum4. The 4 x 3 micro-kernel's twelve sums at the end of a pass
+// showed as ~10% of its profile at K = 576; summed by four it ran 1.01-1.04x
+// faster on Zen 3 (docs/benchmarks.md).
 template <int MR, int NR>
 inline void lane_sums(const __m256 (&acc)[MR][NR], float (&sums)[MR][NR]) {
   int m = 0;
