@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -53,3 +54,14 @@ class AttentionMetadata:
     # A backend's own per-step tensors (e.g. the Triton kernels' flat tables),
     # built by its first layer and reused by the others; None until then.
     kernel_plan: object | None = None
+
+    def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every decode row's block table (padded with block 0 to the widest group's)
+        and context length, in row order (at least one group): for kernels that
+        read each row's context exactly, to which padding costs nothing."""
+        groups = self.decode_groups
+        if len(groups) == 1:
+            return groups[0].block_tables, groups[0].context_lens
+        width = max(g.block_tables.shape[1] for g in groups)
+        tables = torch.cat([F.pad(g.block_tables, (0, width - g.block_tables.shape[1])) for g in groups])
+        return tables, torch.cat([g.context_lens for g in groups])

@@ -66,10 +66,7 @@ def decode_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, num_kv_h
 def build_plan(meta: AttentionMetadata, num_kv_heads: int, device: torch.device) -> TritonPlan:
     decode = None
     if meta.decode_groups:
-        width = max(g.block_tables.shape[1] for g in meta.decode_groups)
-        tables = torch.cat([F.pad(g.block_tables, (0, width - g.block_tables.shape[1])) for g in meta.decode_groups])
-        lens = torch.cat([g.context_lens for g in meta.decode_groups])
-        decode = decode_plan(tables, lens, num_kv_heads)
+        decode = decode_plan(*meta.decode_tables(), num_kv_heads)
     prefill = None
     if meta.prefills:
         seqs = meta.prefills

@@ -245,8 +245,11 @@ def run(
     """The decoder layers over a decode-only step; returns the residual stream.
     `local_rope`: the tables of layers with `local_rope` (Gemma 3's window layers)."""
     a = arch
-    tables = [g.block_tables for g in meta.decode_groups]
-    lens = [g.context_lens for g in meta.decode_groups]
+    # All rows in one kernel call per layer: Kiln's kernel reads each row's
+    # context exactly, and one call shares the batch's work between threads
+    # better than a call per group of 16 (1.05-1.13x at 40-64 rows on Zen 3).
+    all_tables, all_lens = meta.decode_tables()
+    tables, lens = [all_tables], [all_lens]
     stack = getattr(layers, "stack", None)
     if stack is not None:
         return stack.run(

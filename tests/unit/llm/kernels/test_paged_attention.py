@@ -133,6 +133,20 @@ def long_case(seed, lens, num_blocks=400):
     return q, k_pool, v_pool, tables, torch.tensor(lens)
 
 
+def test_rows_sorted_by_context_get_the_bits_they_get_alone(two_threads):
+    # Decode rows come sorted by context; the threads take runs of rows of
+    # about equal keys (here the first thread the six rows up to 400 keys,
+    # the second the 700-key one), which must not change any row's bits.
+    lens = [5, 9, 20, 33, 60, 400, 700]
+    q, k_pool, v_pool, tables, lens_t = long_case(11, lens)
+    full = ops.paged_decode_attention(q, k_pool, v_pool, tables, lens_t, BLOCK)
+    for b, n in enumerate(lens):
+        width = -(-n // BLOCK)
+        alone = ops.paged_decode_attention(q[b:b + 1], k_pool, v_pool, tables[b:b + 1, :width], lens_t[b:b + 1], BLOCK)
+        assert torch.equal(alone, full[b:b + 1])
+    torch.testing.assert_close(full, reference(q, k_pool, v_pool, tables, lens_t), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window,softcap", [(0, None), (300, 20.0)])
 def test_a_split_sequence_gets_the_bits_of_an_unsplit_one(two_threads, pool_dtype, window, softcap):

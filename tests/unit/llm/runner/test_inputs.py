@@ -47,3 +47,15 @@ def test_parallel_plans_carry_the_prompt_flag():
     assert not is_decode_like(tail) and is_decode_like(decode)
     meta = build_inputs([tail, decode], 16, CPU).meta
     assert meta.num_decodes == 1 and [p.q_len for p in meta.prefills] == [3]
+
+
+def test_decode_tables_pad_every_group_to_the_widest():
+    """Kernels that read exact contexts take all decode rows in one table."""
+    chunks = [ScheduledChunk(request(n, 1), n, 1, list(range(10 * i, 10 * i + -(-(n + 1) // 16))))
+              for i, n in enumerate([3, 40] + [20] * 15)]
+    meta = build_inputs(chunks, 16, CPU).meta
+    assert [g.num_seqs for g in meta.decode_groups] == [16, 1]
+    tables, lens = meta.decode_tables()
+    assert lens.tolist() == [4] + [21] * 15 + [41]
+    assert tables.shape == (17, 3)
+    assert tables[0].tolist() == [0, 0, 0] and tables[1].tolist() == [20, 21, 0] and tables[16].tolist() == [10, 11, 12]
