@@ -57,6 +57,7 @@ INT4_BF16_DEQUANT_MIN_ROWS = 128
 INT4_LANES_PACKED_MIN_ROWS = 128
 
 # Decode rows attended as one padded batch: bigger groups pad more keys, smaller ones make more calls.
+# The fused decode layers ignore the groups (one call over every row: Kiln's kernel reads exact contexts).
 # Re-tune: bench/decode_step.py (B running requests of mixed context length).
 DECODE_GROUP_SIZE = 16
 
