@@ -170,3 +170,25 @@ def test_a_split_sequence_with_16_bit_queries(two_threads):
     full = ops.paged_decode_attention(q16, k16, v16, tables, lens, BLOCK)
     alone = ops.paged_decode_attention(q16[:1], k16, v16, tables[:1], lens[:1], BLOCK)
     assert alone.dtype == torch.bfloat16 and torch.equal(alone, full[:1])
+
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 3), (8, 2), (14, 2)])  # runs of 8, 4, 2 and 1 keys
+@pytest.mark.parametrize("lens", [[83, 29], [301, 5]])  # alone: items of one kv head, unsplit / split
+def test_runs_of_keys_scored_together_keep_each_scores_bits(two_threads, heads, kv_heads, lens):
+    # Alone (fewer sequences than threads) an item is one kv head, its keys
+    # scored several at a time; in a batch of two an item holds every kv head
+    # and scores one key at a time. Each score is the same chain of FMAs:
+    # equal bits, also for a window that starts mid-block.
+    q, k_pool, v_pool, _, _ = random_case(heads, batch=2, heads=heads, kv_heads=kv_heads, head_dim=64, max_len=1)
+    g = torch.Generator().manual_seed(heads)
+    tables = torch.stack([torch.randperm(64, generator=g)[:20] for _ in lens])
+    lens_t = torch.tensor(lens)
+    for window in (0, 23):
+        full = ops.paged_decode_attention(q, k_pool, v_pool, tables, lens_t, BLOCK, window=window)
+        for b in range(2):
+            alone = ops.paged_decode_attention(q[b:b + 1], k_pool, v_pool, tables[b:b + 1], lens_t[b:b + 1], BLOCK,
+                                               window=window)
+            assert torch.equal(alone, full[b:b + 1])
+        if window == 0:
+            torch.testing.assert_close(full, reference(q, k_pool, v_pool, tables, lens_t), rtol=1e-5, atol=1e-5)
