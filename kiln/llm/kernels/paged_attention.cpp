@@ -73,13 +73,14 @@ struct Lanes16 {
 #endif
 
 // Keys scored at once by an item of one kv head (fewer sequences than
-// threads: batch 1): each score is a chain of D / lanes dependent FMAs, so
-// one key's G chains leave the FMA units waiting on their latency (4 cycles
-// on Zen 3); K keys give K x G independent chains (up to 12 accumulators,
-// 16 registers on AVX2). Each chain is unchanged, so each score keeps its
-// bits. An item of all kv heads scores one key at a time: its KVH x G
-// chains per key are independent already, and runs of keys, faster from
-// cache, ran 0.79-0.89x from DRAM there (64 sequences, Zen 3).
+// threads and not split: batch 1 below kSplitMinKeys keys): each score is a
+// chain of D / lanes dependent FMAs, so one key's G chains leave the FMA
+// units waiting on their latency (4 cycles on Zen 3); K keys give K x G
+// independent chains (up to 12 accumulators, 16 registers on AVX2). Each
+// chain is unchanged, so each score keeps its bits. An item of all kv heads
+// scores one key at a time: its KVH x G chains per key are independent
+// already, and runs of keys, faster from cache, ran 0.79-0.89x from DRAM
+// there (64 sequences, Zen 3).
 template <int G>
 constexpr int kKeysAtOnce = G == 1 ? 8 : G <= 3 ? 4 : G <= 6 ? 2 : 1;
 
@@ -231,17 +232,21 @@ template <typename KV>
 using WeighFn = void (*)(const KV*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          int64_t, const float*, float*);
 
-// Head dimensions per pass 2 item when a sequence's work is split (kSplitSlice
-// floats: two AVX2 vectors or one 16-lane vector); D % 16 == 0 always.
-constexpr int64_t kSplitSlice = 16;
+// Head dimensions per pass 2 item when a sequence's work is split: kSplitSlice
+// floats (two AVX2 vectors or one 16-lane vector; D % 16 == 0 always), or
+// kSplitSliceWide (the AVX2 build on an fp32 pool where G x 4 accumulators
+// fit, as `attend`'s four slices): two cache lines of each slot's values per
+// item instead of one, 1.07-1.10x at batch 1 on Zen 3 (docs/benchmarks.md).
+constexpr int64_t kSplitSlice = 16, kSplitSliceWide = 32;
 
 // The kernels for a GQA group size: the whole item, and its two passes for
-// split sequences (pass 2 kSplitSlice dimensions at a time).
+// split sequences (pass 2 `slice` dimensions at a time).
 template <typename KV>
 struct GroupKernels {
   AttendFn<KV> attend = nullptr;
   ScoreFn<KV> score = nullptr;
   WeighFn<KV> weigh = nullptr;
+  int64_t slice = kSplitSlice;
 };
 
 template <typename KV, int... G>
@@ -261,7 +266,10 @@ GroupKernels<KV> kernels_for_group(int group, int64_t D, std::integer_sequence<i
   const bool wide = std::is_same_v<KV, float> && D % 32 == 0 && group <= 3;
   ((k.attend = group == G + 1 ? (wide ? attend<G + 1, (G < 3 ? 4 : 2), V, KV> : attend<G + 1, 2, V, KV>)
                               : k.attend), ...);
-  ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 8, V, KV, true> : k.weigh), ...);
+  if (wide) k.slice = kSplitSliceWide;
+  ((k.weigh = group == G + 1 ? (wide ? weigh_values<G + 1, kSplitSliceWide / 8, V, KV, true>
+                                     : weigh_values<G + 1, kSplitSlice / 8, V, KV, true>)
+                             : k.weigh), ...);
 #endif
   ((k.score = group == G + 1 ? score_keys<G + 1, V, KV> : k.score), ...);
   return k;
@@ -314,7 +322,9 @@ bool split_pays(const int64_t* lens, int64_t sequences, int64_t items, int64_t t
 }
 
 // Work split finer than a (sequence, kv head): pass 1 over block-aligned key
-// ranges, each score row softmaxed whole, pass 2 over kSplitSlice head
+// ranges of all kv heads (each thread reads whole slots, in order: 1.18x at
+// 300 keys, 1.36x at 1,000 from DRAM on Zen 3, against ranges of one kv
+// head), each score row softmaxed whole, pass 2 over slices of head
 // dimensions. Every score and output is the chain of FMAs `attend` computes
 // (see score_keys, weigh_values): the same bits as unsplit.
 template <typename KV, typename Q>
@@ -330,25 +340,23 @@ void attend_split(const GroupKernels<KV>& k, const QueryRows<Q>& rows, const KV*
   for (int64_t b = 0; b < B; ++b) {
     first[b] = window > 0 ? std::max<int64_t>(lp[b] - window, 0) : 0;
     offset[b + 1] = offset[b] + H * (lp[b] - first[b]);
-    keys += (lp[b] - first[b]) * KVH;
+    keys += lp[b] - first[b];
     qs[b] = rows.widened(b, q32[b]);
     outs[b] = rows.staging(b, out32[b]);
   }
   std::vector<float> scores(offset[B]);
-  // Pass 1 items (sequence, kv head, key range): about four per thread.
+  // Pass 1 items (sequence, key range): about four per thread.
   const int64_t per_item = std::max<int64_t>((keys / (4 * threads) + block_size - 1) / block_size, 1) * block_size;
-  struct KeyRange { int64_t b, g, t0, t1; };
+  struct KeyRange { int64_t b, t0, t1; };
   std::vector<KeyRange> ranges;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t g = 0; g < KVH; ++g)
-      for (int64_t t0 = first[b]; t0 < lp[b]; t0 = std::min(lp[b], (t0 / per_item + 1) * per_item))
-        ranges.push_back({b, g, t0, std::min(lp[b], (t0 / per_item + 1) * per_item)});
+    for (int64_t t0 = first[b]; t0 < lp[b]; t0 = std::min(lp[b], (t0 / per_item + 1) * per_item))
+      ranges.push_back({b, t0, std::min(lp[b], (t0 / per_item + 1) * per_item)});
   at::parallel_for(0, static_cast<int64_t>(ranges.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const KeyRange& r = ranges[i];
-      const int64_t ctx = lp[r.b] - first[r.b];
-      k.score(qs[r.b], kp, vp, tp + r.b * W, first[r.b], lp[r.b], r.t0, r.t1, block_size, KVH, D, r.g, r.g + 1,
-              scale, softcap, scores.data() + offset[r.b] + r.g * G * ctx);
+      k.score(qs[r.b], kp, vp, tp + r.b * W, first[r.b], lp[r.b], r.t0, r.t1, block_size, KVH, D, 0, KVH, scale,
+              softcap, scores.data() + offset[r.b]);
     }
   });
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
@@ -358,12 +366,12 @@ void attend_split(const GroupKernels<KV>& k, const QueryRows<Q>& rows, const KV*
     }
   });
   // Pass 2 items (sequence, kv head, slice of head dimensions).
-  const int64_t slices = D / kSplitSlice;
+  const int64_t slices = D / k.slice;
   at::parallel_for(0, B * KVH * slices, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / (KVH * slices), g = i / slices % KVH, d = i % slices * kSplitSlice;
+      const int64_t b = i / (KVH * slices), g = i / slices % KVH, d = i % slices * k.slice;
       const int64_t ctx = lp[b] - first[b];
-      k.weigh(vp, tp + b * W, first[b], lp[b], block_size, KVH, D, g, d, d + kSplitSlice,
+      k.weigh(vp, tp + b * W, first[b], lp[b], block_size, KVH, D, g, d, d + k.slice,
               scores.data() + offset[b] + g * G * ctx, outs[b]);
     }
   });
