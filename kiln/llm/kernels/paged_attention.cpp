@@ -308,8 +308,12 @@ struct QueryRows {
 };
 
 // Fewest keys (a sequence's attended context) for which the split below pays
-// for its two extra parallel regions. Re-tune: bench/paged_attention.py --batch 1.
-constexpr int64_t kSplitMinKeys = 256;
+// for its two extra parallel regions. With pass 1 reading whole slots, a
+// split from 48 keys against 256 ran 1.05 / 1.22 / 1.23 / 1.38x at 64 / 128
+// / 192 / 250 keys from DRAM (where a decode step finds them: the weights
+// stream through L3 between layers) and 0.89-0.98x from L3 (Zen 3, batch 1,
+// docs/benchmarks.md). Re-tune: bench/paged_attention.py --batch 1.
+constexpr int64_t kSplitMinKeys = 48;
 
 // Fewer sequences than threads, and their (sequence, kv head) items cannot be
 // shared evenly (one sequence's three kv heads on two threads: one thread

@@ -174,12 +174,15 @@ def test_a_split_sequence_with_16_bit_queries(two_threads):
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 3), (8, 2), (14, 2)])  # runs of 8, 4, 2 and 1 keys
-@pytest.mark.parametrize("lens", [[83, 29], [301, 5]])  # alone: items of one kv head, unsplit / split
+@pytest.mark.parametrize("lens", [[83, 29], [301, 5]])
 def test_runs_of_keys_scored_together_keep_each_scores_bits(two_threads, heads, kv_heads, lens):
     # Alone (fewer sequences than threads) an item is one kv head, its keys
-    # scored several at a time; in a batch of two an item holds every kv head
-    # and scores one key at a time. Each score is the same chain of FMAs:
-    # equal bits, also for a window that starts mid-block.
+    # scored several at a time (29 and 5 keys, and every length where the kv
+    # heads share evenly between the threads; 83 and 301 keys over 3 kv heads
+    # are split instead, by key ranges of all heads); in a batch of two an
+    # item holds every kv head and scores one key at a time. Each score is
+    # the same chain of FMAs: equal bits, also for a window that starts
+    # mid-block.
     q, k_pool, v_pool, _, _ = random_case(heads, batch=2, heads=heads, kv_heads=kv_heads, head_dim=64, max_len=1)
     g = torch.Generator().manual_seed(heads)
     tables = torch.stack([torch.randperm(64, generator=g)[:20] for _ in lens])
