@@ -172,7 +172,6 @@ def test_a_split_sequence_with_16_bit_queries(two_threads):
     assert alone.dtype == torch.bfloat16 and torch.equal(alone, full[:1])
 
 
-
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 3), (8, 2), (14, 2)])  # runs of 8, 4, 2 and 1 keys
 @pytest.mark.parametrize("lens", [[83, 29], [301, 5]])
 def test_runs_of_keys_scored_together_keep_each_scores_bits(two_threads, heads, kv_heads, lens):
