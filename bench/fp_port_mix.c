@@ -28,9 +28,12 @@ static double now(void) {
   return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-// One timed pass of `body`: seconds per iteration.
+// One timed pass of `body`: seconds per iteration. The registers start at zero
+// (whatever the compiler left there could be denormal floats, which some CPUs
+// take slow paths for).
 #define PASS(body)                                                                   \
   ({                                                                                 \
+    __asm__ volatile("vzeroall" ::: CLOBBERS);                                       \
     const double t0 = now();                                                         \
     for (long i = 0; i < kIters; ++i) __asm__ volatile(body ::"r"(line) : CLOBBERS); \
     (now() - t0) / kIters;                                                           \
