@@ -68,13 +68,13 @@ static double now(void) {
 
 // One int4 vector of the decode kernel: code word ymm12, mask ymm13, scale
 // ymm15, min ymm14, x ymm11; accumulator ymm<acc> (ymm0-7), temporary ymm<t>.
-#define INT4_VEC(acc, t)                                                                        \
-  "vpsrld $4,%%ymm12,%%ymm" t "\n vpand %%ymm13,%%ymm" t ",%%ymm" t "\n"                         \
+// Convert the masked code in ymm<t>, dequantize it, add its product with x to ymm<acc>.
+#define INT4_TAIL(acc, t)                                                                       \
   "vcvtdq2ps %%ymm" t ",%%ymm" t "\n vfmadd213ps %%ymm14,%%ymm15,%%ymm" t "\n"                  \
   "vfmadd231ps %%ymm11,%%ymm" t ",%%ymm" acc "\n"
-#define INT4_VEC_NOSHIFT(acc, t)                                                                \
-  "vpand %%ymm13,%%ymm12,%%ymm" t "\n vcvtdq2ps %%ymm" t ",%%ymm" t "\n"                         \
-  "vfmadd213ps %%ymm14,%%ymm15,%%ymm" t "\n vfmadd231ps %%ymm11,%%ymm" t ",%%ymm" acc "\n"
+#define INT4_VEC(acc, t) \
+  "vpsrld $4,%%ymm12,%%ymm" t "\n vpand %%ymm13,%%ymm" t ",%%ymm" t "\n" INT4_TAIL(acc, t)
+#define INT4_VEC_NOSHIFT(acc, t) "vpand %%ymm13,%%ymm12,%%ymm" t "\n" INT4_TAIL(acc, t)
 #define INT8_VEC(acc, t)                                                                        \
   "vpmovsxbd (%0),%%ymm" t "\n vcvtdq2ps %%ymm" t ",%%ymm" t "\n"                                \
   "vfmadd231ps %%ymm11,%%ymm" t ",%%ymm" acc "\n"
