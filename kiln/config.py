@@ -127,7 +127,10 @@ class CacheConfig:
     # A 16-bit pool halves the bytes decode attention reads (keys and values
     # are rounded once, when written; attention still computes in the model's dtype).
     # "fp8_e4m3" (CUDA only) quarters an fp32 pool, with a per-tensor scale per layer.
-    kv_cache_dtype: str = option("auto", "what the KV pool stores (auto = the model's dtype)", KV_CACHE_DTYPES)
+    kv_cache_dtype: str = option(
+        "auto", "what the KV pool stores (auto = the model's dtype; float16 for a GGUF file in float32 on CPU, "
+        "as llama.cpp's default cache)", KV_CACHE_DTYPES,
+    )
     warm_kv_pool: bool = option(
         True, "CPU: fault in the KV pool's pages ahead of their first writes, so that these do not stall steps: a "
         "server while it is idle (a piece of a few ms at a time), the offline LLM when it is built (kiln generate "

@@ -77,7 +77,10 @@ class TorchPagedAttention(AttentionBackend):
     def _prefill(self, q, k, v, kv_cache, seq: PrefillSeq, block_size: int) -> torch.Tensor:
         o = self.options
         if seq.block_table is None:
-            keys, values, offset = k, v, 0
+            # A whole prompt attends to its fresh keys and values as the pool now holds them, so a
+            # prompt prefilled in chunks, or after a prefix-cache hit, which reads them back from the
+            # pool, gets the same scores, bit for bit.
+            keys, values, offset = as_stored(k, kv_cache.dtype), as_stored(v, kv_cache.dtype), 0
         else:
             keys = gather_blocks(kv_cache[0], seq.block_table, block_size)[: seq.ctx_len].to(q.dtype)
             values = gather_blocks(kv_cache[1], seq.block_table, block_size)[: seq.ctx_len].to(q.dtype)
@@ -118,6 +121,13 @@ def attend(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
+
+
+def as_stored(t: torch.Tensor, pool_dtype: torch.dtype) -> torch.Tensor:
+    """`t` rounded as a 16-bit float pool stores it, in t's dtype (t itself when nothing rounds)."""
+    if pool_dtype not in (torch.float16, torch.bfloat16) or t.dtype == pool_dtype:
+        return t
+    return t.to(pool_dtype).to(t.dtype)
 
 
 def gather_blocks(pool: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:

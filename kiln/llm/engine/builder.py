@@ -19,7 +19,7 @@ from kiln.llm.engine.progress import Progress
 from kiln.llm.models import registry
 from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.models.default_model import resolve_model_path
-from kiln.llm.models.dtype_choice import DtypeChoice, checkpoint_dtype, choose_dtype
+from kiln.llm.models.dtype_choice import DtypeChoice, checkpoint_dtype, choose_dtype, choose_kv_dtype
 from kiln.llm.models.llama import LlamaModel
 from kiln.llm.models.loader import load_checkpoint
 from kiln.llm.parallel.executor import ParallelRunner
@@ -75,16 +75,22 @@ def dtype_for(config: EngineConfig, stored: torch.dtype | None) -> DtypeChoice:
     return choose_dtype(config.model.dtype, config.model.device, stored)
 
 
-def resolve_dtype(config: EngineConfig, stored: torch.dtype | None) -> EngineConfig:
-    """`config` with its model dtype decided (`--dtype auto` resolved, see
-    dtype_choice) and logged; everything after this reads a concrete dtype.
+def resolve_dtype(config: EngineConfig, stored: torch.dtype | None, gguf: bool = False) -> EngineConfig:
+    """`config` with its model dtype and its KV pool's decided (`--dtype auto`
+    and `--kv-cache-dtype auto` resolved, see dtype_choice; `gguf`: the
+    checkpoint is a GGUF file) and logged; everything after this reads
+    concrete dtypes.
     A pre-quantized checkpoint's kept int4 projections take the same choice:
     in bfloat16 they compute with their weights rounded to bf16 at every row
     count, one chain per output up to INT4_BF16_DEQUANT_MIN_ROWS rows
     (kiln/llm/quant/int4_cpu.py), in float32 with the stored weights."""
     choice = dtype_for(config, stored)
-    log.info("model dtype %s (%s)", choice.dtype, choice.reason)
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=choice.dtype))
+    kv = choose_kv_dtype(config.cache.kv_cache_dtype, choice.dtype, config.model.device, gguf)
+    log.info("model dtype %s (%s); KV pool %s (%s)", choice.dtype, choice.reason, kv.dtype, kv.reason)
+    return dataclasses.replace(
+        config, model=dataclasses.replace(config.model, dtype=choice.dtype),
+        cache=dataclasses.replace(config.cache, kv_cache_dtype=kv.dtype),
+    )
 
 
 def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:
@@ -157,7 +163,7 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
             log.info("tensor/pipeline parallelism runs float weights: the stored int4 projections are dequantized")
         reader = DictReader(checkpoint.dequantized_weights())
     check_splittable(checkpoint.arch, p.tensor_parallel_size, p.pipeline_parallel_size)
-    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights))  # once, for every rank
+    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights), checkpoint.is_gguf)  # once, for every rank
     max_model_len = decide_max_model_len(checkpoint, config)
     cache = config.cache
     per_block = kv_bytes_per_block_per_rank(checkpoint.arch, config)
@@ -189,7 +195,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
         path = resolve_model_path(config)
         progress.begin("reading the checkpoint", path)
         checkpoint = load_checkpoint(path)
-    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights))
+    config = resolve_dtype(config, checkpoint_dtype(checkpoint.weights), checkpoint.is_gguf)
     torch.manual_seed(config.model.seed)
     max_model_len = decide_max_model_len(checkpoint, config)
     progress.begin("building the model", "(weights to the serving layout, packing, fusing)")

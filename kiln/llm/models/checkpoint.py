@@ -38,6 +38,11 @@ class Checkpoint:
     # (which the embedding lookup reads): an fp32 model computes logits from them.
     stored_head: Q8_0Weight | None = None
 
+    @property
+    def is_gguf(self) -> bool:
+        """Read from a .gguf file (a GGUF checkpoint's tokenizer_path is that file)."""
+        return self.tokenizer_path.endswith(".gguf")
+
     def without_weights(self) -> Checkpoint:
         """This checkpoint's description (arch, tokenizer, source) without its tensors:
         what an engine keeps once its model holds the weights in its own layout."""

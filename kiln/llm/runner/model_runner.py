@@ -25,7 +25,7 @@ KV_DTYPES = {**DTYPES, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def kv_dtype(config: EngineConfig) -> torch.dtype:
-    """The KV pool's dtype: the model's unless `cache.kv_cache_dtype` names one."""
+    """The KV pool's dtype: `cache.kv_cache_dtype` (resolve_dtype decides `auto`; undecided, the model's)."""
     name = config.cache.kv_cache_dtype
     return KV_DTYPES[config.model.dtype if name == "auto" else name]
 

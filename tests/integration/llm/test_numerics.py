@@ -3,10 +3,11 @@
 Tolerances (float32 on CPU): logits within 1e-4 absolute for the tiny
 random model (values ~1e-1), within 2e-3 for SmolLM2 (values ~1e1, 30
 layers of accumulated rounding); greedy continuations must be identical.
-With a 16-bit KV pool (`kv_cache_dtype`), logits that read keys and values
-back from the pool are within 0.05 (float16; measured 0.016) and 0.4
-(bfloat16; measured 0.13) of transformers' float32; float16 keeps SmolLM2's
-greedy continuations identical.
+With a 16-bit KV pool (`kv_cache_dtype`; float16 is `auto`'s choice for
+SmolLM2's GGUF in float32 on CPU), every logit reads keys and values as the
+pool rounds them (a whole prompt too), within 0.05 (float16; measured 0.017)
+and 0.4 (bfloat16; measured 0.13) of transformers' float32; float16 keeps
+SmolLM2's greedy continuations identical.
 
 bfloat16 (`dtype="bfloat16"`) against transformers in bfloat16 on the same
 weights: two bf16 implementations round differently (Kiln: fp32 inside each
@@ -79,12 +80,13 @@ def test_tiny_llama_matches_transformers(fixture, request):
 
 
 @pytest.mark.slow
-def test_smollm2_matches_transformers(smollm2_llm, smollm2_hf_model):
-    check_against_hf(smollm2_llm, smollm2_hf_model, atol=2e-3)
+def test_smollm2_matches_transformers(make_smollm2_engine, smollm2_hf_model):
+    llm = make_smollm2_engine(kv_cache_dtype="float32", kv_cache_memory_gib=0.25)
+    check_against_hf(llm, smollm2_hf_model, atol=2e-3)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv_cache_dtype,atol", [("auto", 2e-3), ("float16", 0.05), ("bfloat16", 0.4)])
+@pytest.mark.parametrize("kv_cache_dtype,atol", [("float32", 2e-3), ("float16", 0.05), ("bfloat16", 0.4)])
 def test_smollm2_logits_over_a_prefix_read_back_from_the_pool(
     make_smollm2_engine, smollm2_hf_model, kv_cache_dtype, atol
 ):
@@ -99,10 +101,10 @@ def test_smollm2_logits_over_a_prefix_read_back_from_the_pool(
 
 
 @pytest.mark.slow
-def test_smollm2_with_a_float16_kv_cache_matches_transformers(make_smollm2_engine, smollm2_hf_model):
-    llm = make_smollm2_engine(kv_cache_dtype="float16", kv_cache_memory_gib=0.25)
-    assert all(pool.dtype == torch.float16 for pool in llm.engine.core.runner.kv_caches)
-    check_against_hf(llm, smollm2_hf_model, atol=2e-3)  # whole prompts attend to fresh keys: as float32
+def test_smollm2_default_float16_kv_pool_tracks_transformers(smollm2_llm, smollm2_hf_model):
+    """The GGUF in float32 on CPU keeps a float16 pool by default (`auto`)."""
+    assert all(pool.dtype == torch.float16 for pool in smollm2_llm.engine.core.runner.kv_caches)
+    check_against_hf(smollm2_llm, smollm2_hf_model, atol=0.05)
 
 
 @pytest.mark.slow

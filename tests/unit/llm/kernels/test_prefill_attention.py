@@ -145,3 +145,31 @@ def test_backend_prefill_after_cached_context(options):
     keys, values = torch.cat([pool[0, cached_slots], k]), torch.cat([pool[1, cached_slots], v])
     out = TorchPagedAttention(options).forward(q, k, v, pool, meta)
     assert_matches_reference(out, q, keys, values, head_dim**-0.5, options.sliding_window, options.logit_softcap)
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_whole_prompt_attends_to_its_keys_as_a_16_bit_pool_rounds_them(pool_dtype):
+    """fp32 queries over a pool of `pool_dtype`: the prompt's last 40 rows get
+    the same bits in one whole-prompt call (fresh keys, block_table None) as
+    in a chunk after its first 56 tokens, which reads them back from the pool,
+    so neither chunking nor a prefix-cache hit changes a row's result."""
+    block, kv_heads, heads, head_dim, cached, new = 16, 3, 9, 64, 56, 40
+    total = cached + new
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(total, n, head_dim, generator=g) for n in (heads, kv_heads, kv_heads))
+    table = torch.tensor([7, 2, 9, 4, 12, 0])
+    slots = torch.tensor([int(table[p // block]) * block + p % block for p in range(total)])
+    backend = TorchPagedAttention()
+
+    whole_meta = AttentionMetadata(slot_mapping=slots, block_size=block)
+    whole_meta.prefills.append(PrefillSeq(0, total, total, None))
+    whole = backend.forward(q, k, v, torch.zeros(2, 16 * block, kv_heads, head_dim, dtype=pool_dtype), whole_meta)
+
+    pool = torch.zeros(2, 16 * block, kv_heads, head_dim, dtype=pool_dtype)
+    first = AttentionMetadata(slot_mapping=slots[:cached], block_size=block)
+    first.prefills.append(PrefillSeq(0, cached, cached, table[: -(-cached // block)]))
+    backend.forward(q[:cached], k[:cached], v[:cached], pool, first)
+    second = AttentionMetadata(slot_mapping=slots[cached:], block_size=block)
+    second.prefills.append(PrefillSeq(0, new, total, table))
+    chunk = backend.forward(q[cached:], k[cached:], v[cached:], pool, second)
+    assert torch.equal(chunk, whole[cached:])

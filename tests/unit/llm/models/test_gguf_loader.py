@@ -105,6 +105,11 @@ def test_directory_with_one_gguf(tiny_gguf):
     # tiny_gguf sits alone in its temporary directory.
     ckpt = load_checkpoint(tiny_gguf.parent)
     assert ckpt.source == str(tiny_gguf)
+    assert ckpt.is_gguf  # what `--kv-cache-dtype auto` decides on
+
+
+def test_a_model_directory_is_not_gguf(tiny_llama_dir):
+    assert not load_checkpoint(tiny_llama_dir).is_gguf
 
 
 def test_directory_with_two_ggufs(tmp_path):
