@@ -8,7 +8,7 @@ the first token are timed separately and subtracted. Each figure is the
 median of --repeats runs. Bytes per token = every weight a decode step
 reads (all projections, norms, the LM head as the mode stores it; not the
 embedding table, of which one row is read) plus the KV cache read at the
-mean context. Bandwidth = median of a large-tensor sum (read) benchmark.
+mean context, in the pool's dtype. Bandwidth = median of a large-tensor sum (read) benchmark.
 Optional: achieved GFLOP/s of a prefill chunk and of decode at batch 32.
 
     PYTHONPATH=. .venv/bin/python bench/decode_roofline.py [--repeats 5] [--modes fp32,bf16,int8,int4]
@@ -85,9 +85,11 @@ def weight_bytes_per_token(model) -> int:
     return total
 
 
-def kv_bytes_per_token(model, context: int) -> int:
+def kv_bytes_per_token(model, pool: torch.Tensor, context: int) -> int:
+    """Keys and values one decode step reads at `context` tokens, in the pool's dtype (float16 for a GGUF
+    file in float32 on CPU under `--kv-cache-dtype auto`, not the model's)."""
     a = model.arch
-    return 2 * a.num_layers * context * a.num_kv_heads * a.head_dim * model.embed_tokens.element_size()
+    return 2 * a.num_layers * context * a.num_kv_heads * a.head_dim * pool.element_size()
 
 
 def matmul_flops_per_token(model) -> int:
@@ -153,7 +155,8 @@ def summarize(llm, mode, steps, args, bw) -> dict:
     model = llm.engine.core.runner.model
     step = statistics.median(steps)
     mean_ctx = args.prompt_len + args.new_tokens // 2
-    wbytes, kvbytes = weight_bytes_per_token(model), kv_bytes_per_token(model, mean_ctx)
+    pool = llm.engine.core.runner.kv_caches[0]
+    wbytes, kvbytes = weight_bytes_per_token(model), kv_bytes_per_token(model, pool, mean_ctx)
     return {
         "mode": mode,
         "options": MODES[mode],
