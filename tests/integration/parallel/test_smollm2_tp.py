@@ -1,7 +1,9 @@
 """TP=2 on the real SmolLM2-135M (9 query heads, 3 KV heads: an uneven 6+3
 split) against one process: identical greedy text for eight prompts in one
 batch, prompt logits within LOGITS_ATOL (values ~1e1; 30 layers of
-reordered float32 sums), each rank holding about half the weights."""
+reordered float32 sums), each rank holding about half the weights. Both
+keep a float32 KV pool: the GGUF's default float16 pool would round the
+ranks' reordered sums to different float16 steps (measured 0.005)."""
 from __future__ import annotations
 
 import pytest
@@ -20,13 +22,14 @@ PARAMS = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 def test_smollm2_tp2_matches_one_process(make_smollm2_engine, smollm2_tokenizer):
     prompts = [smollm2_tokenizer.encode(p) for p in PROMPTS]
     assert len(prompts) >= 8
-    single = make_smollm2_engine(num_blocks=128, quantization="float")  # TP runs a GGUF as float
+    fp32_pool = dict(num_blocks=128, kv_cache_dtype="float32")
+    single = make_smollm2_engine(quantization="float", **fp32_pool)  # TP runs a GGUF as float
     expected = [o.outputs[0].token_ids for o in single.generate(prompts, PARAMS)]
     ref_logits = prompt_logits(single, prompts[0])
     total = resident_weight_bytes(single.engine.core.runner.model)
     del single
 
-    tp = make_smollm2_engine(num_blocks=128, tensor_parallel_size=2)
+    tp = make_smollm2_engine(tensor_parallel_size=2, **fp32_pool)
     try:
         assert [o.outputs[0].token_ids for o in tp.generate(prompts, PARAMS)] == expected
         got = prompt_logits(tp, prompts[0])
