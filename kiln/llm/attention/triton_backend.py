@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kiln.llm.attention.backend import AttentionBackend
+from kiln.llm.attention.backend import AttentionBackend, as_stored
 from kiln.llm.attention.metadata import AttentionMetadata
 from kiln.llm.attention.triton_decode import decode_attention, max_splits_for
 from kiln.llm.attention.triton_kv_write import write_kv
@@ -108,8 +108,11 @@ class TritonPagedAttention(AttentionBackend):
             )
         if plan.prefill is not None:
             p = plan.prefill
+            # A chunk attends to its own keys and values as a 16-bit pool holds them, as its
+            # prefix is read back from the pool (fp8 pools keep the fresh ones: see above).
+            fresh_k, fresh_v = as_stored(k, kv_cache.dtype), as_stored(v, kv_cache.dtype)
             prefill_attention(
-                q, k, v, k_cache, v_cache, p.q_starts, p.q_lens, p.prefix_lens, p.block_tables, p.max_q_len,
-                meta.block_size, out, k_scale, v_scale, dot_f32,
+                q, fresh_k, fresh_v, k_cache, v_cache, p.q_starts, p.q_lens, p.prefix_lens, p.block_tables,
+                p.max_q_len, meta.block_size, out, k_scale, v_scale, dot_f32,
             )
         return out

@@ -6,7 +6,9 @@ Grid (chunks, query heads, query tiles of BLOCK_M). Chunks are ragged: each
 has its own start row in the flattened batch, length and prefix length; a
 program past its chunk's end returns at once. The chunk's own keys come from
 the projection output rather than the pool, so an fp8 pool rounds only the
-prefix (what an earlier step wrote); `DOT_F32` as in triton_decode.
+prefix (what an earlier step wrote); for a 16-bit pool under wider queries the
+backend passes them rounded as the pool stores them (`as_stored`); `DOT_F32`
+as in triton_decode.
 """
 from __future__ import annotations
 

@@ -99,3 +99,26 @@ def test_an_engine_generates_the_same_tokens_with_either_backend():
         outputs.append(generate(core, prompts, params))
         assert core.scheduler.stats().prefix_cache_hits > 0
     assert outputs[0] == outputs[1]
+
+
+def test_fp32_queries_attend_to_fresh_keys_as_a_16_bit_pool_rounds_them():
+    """An fp32 model over a float16 pool: every prefill row (a fresh prompt,
+    chunks after a prefix hit) sees its chunk's own keys and values rounded as
+    the pool stores them, as the torch backend does (`as_stored`) and as a
+    later chunk reads them back; unrounded, rows were up to 1e-3 apart. (Not
+    bf16 here: Triton's interpreter truncates fp32 to bf16 where a GPU and
+    torch round to nearest, so the two pools would differ.)"""
+    pool_dtype = torch.float16
+    g = torch.Generator().manual_seed(3)
+    chunks = mixed_step(16, g)
+    inputs = build_inputs(chunks, 16, torch.device("cpu"))
+    tokens = inputs.input_ids.numel()
+    q, k, v = (torch.randn(tokens, n, HEAD_DIM, generator=g) for n in (HEADS, KV_HEADS, KV_HEADS))
+    pool = torch.randn(2, NUM_BLOCKS * 16, KV_HEADS, HEAD_DIM, generator=g).to(pool_dtype)
+    ref_pool = pool.clone()
+
+    out = TritonPagedAttention().forward(q, k, v, pool, inputs.meta)
+    ref = TorchPagedAttention().forward(q, k, v, ref_pool, build_inputs(chunks, 16, torch.device("cpu")).meta)
+
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(pool, ref_pool)
