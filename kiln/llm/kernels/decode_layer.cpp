@@ -229,7 +229,7 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorLis
   });
   at::Tensor out = timed(dp::kDown, [&] { return project(act, down_w, group_size); });
   if (mlp_out_norm.has_value()) out = timed(dp::kSandwichNorm, [&] { return kiln::rms_norm(out, *mlp_out_norm, eps); });
-  return timed(dp::kResidual, [&] { return residual + out; });
+  return timed(dp::kResidual, [&] { return kiln::add_into(out, residual); });
 }
 
 // Every layer of a dense model (no MoE block) for one decode-only step: the

@@ -33,6 +33,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
                                                 double eps);
 void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+// out + residual, into out where it can be (contiguous fp32 / bf16 rows of one shape); returns the sum.
+at::Tensor add_into(at::Tensor& out, const at::Tensor& residual);
 at::Tensor gelu_tanh_mul(const at::Tensor& gate_up);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,

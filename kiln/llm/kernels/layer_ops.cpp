@@ -107,6 +107,30 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at
   return {y, sum};
 }
 
+// out + residual, written into out where both are contiguous rows of one
+// shape and dtype (fp32 or bf16): the bits of torch's `residual + out` (one
+// fp32 add, rounded to T) without the new tensor its add allocates, ~2 us of
+// a one-row decode layer. Else `residual + out` itself.
+at::Tensor add_into(at::Tensor& out, const at::Tensor& residual) {
+  const bool in_place = out.dim() == 2 && out.is_contiguous() && residual.is_contiguous() &&
+                        out.sizes() == residual.sizes() && out.scalar_type() == residual.scalar_type() &&
+                        (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16) && out.is_cpu() &&
+                        residual.is_cpu();
+  if (!in_place) return residual + out;
+  const int64_t K = out.size(1);
+  by_dtype(out, [&]<typename T>() {
+    T* op = out.mutable_data_ptr<T>();
+    const T* rp = residual.const_data_ptr<T>();
+    at::parallel_for(0, out.size(0), 16, [&](int64_t m0, int64_t m1) {
+      const int64_t end = m1 * K;
+      int64_t i = m0 * K;
+      for (; i + 8 <= end; i += 8) store8f(op + i, _mm256_add_ps(load8(rp + i), load8(op + i)));
+      for (; i < end; ++i) op[i] = static_cast<T>(static_cast<float>(rp[i]) + static_cast<float>(op[i]));
+    });
+  });
+  return out;
+}
+
 // Rotate-half RoPE in place on x [T, H, D] of T (rows may be strided views of
 // a fused qkv output); cos, sin [T, D/2] of C (fp32, or a bf16 model's bf16
 // tables, widened exactly as torch's type promotion does) contiguous. fp32
@@ -263,6 +287,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 }
 void rotary_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& sin) { ::rotary_(q, k, cos, sin); }
 at::Tensor silu_mul(const at::Tensor& gate_up) { return ::silu_mul(gate_up); }
+at::Tensor add_into(at::Tensor& out, const at::Tensor& residual) { return ::add_into(out, residual); }
 at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) { return ::gelu_tanh_mul(gate_up); }
 }  // namespace kiln
 

@@ -47,3 +47,25 @@ def test_rows_of_another_head_layout_are_refused():
     pool = torch.zeros(2, 32, 3, 16)
     with pytest.raises(RuntimeError, match="must match the pool"):
         ops.write_kv(pool[0], pool[1], k, v, torch.arange(4))
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16])
+def test_fp32_rows_round_into_a_16_bit_pool_bit_for_bit(pool_dtype):
+    """fp32 rows are rounded as they are stored (no temporary): the bits of
+    `rows.to(pool_dtype)` for ties, subnormals, overflow and infinities; a NaN
+    stays a NaN (bf16: 0x7fc0, as c10::BFloat16(float); torch's vectorized
+    cast writes 0xffff)."""
+    info = torch.finfo(pool_dtype)
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-40, -1e-45, info.max * 1.5,
+                            info.tiny / 3, 1.0 + 2.0**-9, 1.0 + 3 * 2.0**-9, 1.0 + 2.0**-12, 65520.0, -65519.0])
+    k, v = fused_kv(3, 2, 32, torch.float32, seed=1)
+    k[1].view(-1)[: special.numel()] = special
+    v[2].view(-1)[-special.numel() :] = special
+    pool = torch.zeros(2, 16, 2, 32, dtype=pool_dtype)
+    slots = torch.tensor([9, 0, 15])
+    assert ops.write_kv(pool[0], pool[1], k, v, slots)
+    for side, rows in ((0, k), (1, v)):
+        stored, expected = pool[side, slots], rows.to(pool_dtype)
+        nan = rows.isnan()
+        assert stored[nan].isnan().all() and nan.sum() == 1
+        assert torch.equal(stored[~nan].view(torch.int16), expected[~nan].view(torch.int16))
