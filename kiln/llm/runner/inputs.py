@@ -114,7 +114,4 @@ def decode_group(
     width = cdiv(max(lens), block_size)
     tables = [block_ids[: cdiv(n, block_size)] for block_ids, n in rows]
     block_tables = tensor([t + [0] * (width - len(t)) for t in tables])
-    span = torch.arange(width * block_size, device=block_tables.device)
-    context_lens = tensor(lens)
-    mask = (span.unsqueeze(0) < context_lens.unsqueeze(1))[:, None, None, :]
-    return DecodeGroup(first_row, len(rows), block_tables, context_lens, mask)
+    return DecodeGroup(first_row, len(rows), block_tables, tensor(lens), block_size)

@@ -59,3 +59,15 @@ def test_decode_tables_pad_every_group_to_the_widest():
     assert lens.tolist() == [4] + [21] * 15 + [41]
     assert tables.shape == (17, 3)
     assert tables[0].tolist() == [0, 0, 0] and tables[1].tolist() == [20, 21, 0] and tables[16].tolist() == [10, 11, 12]
+
+
+def test_a_decode_groups_padding_mask_covers_each_rows_context():
+    """Built on first use (the torch path's padded batch), from the group's tables and lengths."""
+    short = ScheduledChunk(request(4, 1), 4, 1, [5])
+    long = ScheduledChunk(request(19, 1), 19, 1, [2, 7])
+    [group] = build_inputs([long, short], 16, CPU).meta.decode_groups
+    assert "mask" not in vars(group)  # nothing built until asked
+    mask = group.mask
+    assert mask.shape == (2, 1, 1, 32) and mask.dtype == torch.bool
+    assert mask[:, 0, 0].sum(1).tolist() == [5, 20] and mask[0, 0, 0, :5].all() and mask[1, 0, 0, :20].all()
+    assert group.mask is mask
