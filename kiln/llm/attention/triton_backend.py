@@ -109,7 +109,7 @@ class TritonPagedAttention(AttentionBackend):
         if plan.prefill is not None:
             p = plan.prefill
             # A chunk attends to its own keys and values as a 16-bit pool holds them, as its
-            # prefix is read back from the pool (fp8 pools keep the fresh ones: see above).
+            # prefix is read back from the pool (an fp8 pool's chunk keeps them unrounded: triton_prefill).
             fresh_k, fresh_v = as_stored(k, kv_cache.dtype), as_stored(v, kv_cache.dtype)
             prefill_attention(
                 q, fresh_k, fresh_v, k_cache, v_cache, p.q_starts, p.q_lens, p.prefix_lens, p.block_tables,
