@@ -81,6 +81,14 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) 
   return y;
 }
 
+// s[i] = a[i] + b[i] for n values of T: one fp32 add rounded to T, as torch's add (s may be a or b).
+template <typename T>
+void add_values(const T* a, const T* b, T* s, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8f(s + i, _mm256_add_ps(load8(a + i), load8(b + i)));
+  for (; i < n; ++i) s[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
 // residual' = x + residual (rounded to T); returns (rms_norm(residual'), residual').
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at::Tensor& res_in,
                                                 const at::Tensor& w_in, double eps) {
@@ -95,11 +103,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at
     T *sp = sum.mutable_data_ptr<T>(), *yp = y.mutable_data_ptr<T>();
     at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m) {
-        int64_t k = 0;
-        for (; k + 8 <= K; k += 8)
-          store8f(sp + m * K + k, _mm256_add_ps(load8(xp + m * K + k), load8(rp + m * K + k)));
-        for (; k < K; ++k)
-          sp[m * K + k] = static_cast<T>(static_cast<float>(xp[m * K + k]) + static_cast<float>(rp[m * K + k]));
+        add_values(xp + m * K, rp + m * K, sp + m * K, K);
         norm_row(sp + m * K, wp, yp + m * K, K, static_cast<float>(eps));
       }
     });
@@ -122,10 +126,7 @@ at::Tensor add_into(at::Tensor& out, const at::Tensor& residual) {
     T* op = out.mutable_data_ptr<T>();
     const T* rp = residual.const_data_ptr<T>();
     at::parallel_for(0, out.size(0), 16, [&](int64_t m0, int64_t m1) {
-      const int64_t end = m1 * K;
-      int64_t i = m0 * K;
-      for (; i + 8 <= end; i += 8) store8f(op + i, _mm256_add_ps(load8(rp + i), load8(op + i)));
-      for (; i < end; ++i) op[i] = static_cast<T>(static_cast<float>(rp[i]) + static_cast<float>(op[i]));
+      add_values(rp + m0 * K, op + m0 * K, op + m0 * K, (m1 - m0) * K);
     });
   });
   return out;
