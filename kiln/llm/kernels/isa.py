@@ -10,9 +10,9 @@ level of an ordered list:
     avx512_bf16  + AVX512_BF16 + AVX512_VNNI (Cooper Lake, Zen 4 and 5)
     amx          + AMX tiles for bf16 and int8 (Sapphire Rapids and later)
 
-Each level loads one kernel library (`LIBRARY_FOR_LEVEL`): there are two
-builds, `avx2` and `avx512_bf16`. Kiln has no AVX-512 kernels of its own
-that do not need BF16, so `avx512` loads the AVX2 build; nor AMX tile code:
+Each level loads one kernel library (`LIBRARY_FOR_LEVEL`): there are three
+builds, `avx2`, `avx512` (the avx2 sources with the compute-bound fp32 and
+int4 kernels sixteen lanes wide) and `avx512_bf16`. Kiln has no AMX tile code:
 AMX is reached through oneDNN, which torch's bf16 and int8 matmuls use by
 themselves where the CPU has it.
 
@@ -43,7 +43,7 @@ LEVEL_FLAGS = {
 }
 # Features reported in the log besides the levels' own.
 EXTRA_FLAGS = ("avx512_fp16", "avx_vnni", "avx_vnni_int8", "amx_fp16")
-LIBRARY_FOR_LEVEL = {"none": None, "avx2": "avx2", "avx512": "avx2", "avx512_bf16": "avx512_bf16",
+LIBRARY_FOR_LEVEL = {"none": None, "avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512_bf16",
                      "amx": "avx512_bf16"}
 ENV_VAR = "KILN_ISA"
 CPUINFO = Path("/proc/cpuinfo")

@@ -19,7 +19,9 @@
 
 #include "kernels.h"
 #include "simd.h"
-#if KILN_AVX512_BF16
+// Sixteen-lane activations in both AVX-512 builds (AVX-512F/BW only).
+#if KILN_AVX512_BF16 || KILN_AVX512
+#define KILN_ACTIVATIONS16 1
 #include "simd512.h"
 #endif
 
@@ -204,8 +206,8 @@ inline __m256 gelu_tanh8(__m256 g) {
   return _mm256_mul_ps(g, sigmoid8(_mm256_add_ps(z, z)));
 }
 
-#if KILN_AVX512_BF16
-// The eight-lane activations above in sixteen lanes (the avx512_bf16 build),
+#if KILN_ACTIVATIONS16
+// The eight-lane activations above in sixteen lanes (the AVX-512 builds),
 // operation for operation, so every value is bit-identical to theirs.
 inline __m512 sigmoid16(__m512 u) {
   const __m512 e = kiln_simd512::exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(u)));
@@ -245,7 +247,7 @@ at::Tensor gated_mul(const at::Tensor& gu_in, const char* name, [[maybe_unused]]
         const X *g = gp + t * 2 * I, *u = g + I;
         X* o = op + t * I;
         int64_t i = 0;
-#if KILN_AVX512_BF16
+#if KILN_ACTIVATIONS16
         namespace v16 = kiln_simd512;
         for (; i + 16 <= I; i += 16)
           v16::store16(o + i, _mm512_mul_ps(v16::round_as<X>(act16(v16::load16(g + i))), v16::load16(u + i)));
@@ -262,7 +264,7 @@ at::Tensor gated_mul(const at::Tensor& gu_in, const char* name, [[maybe_unused]]
 // lambda's type names its body, so it inlines into the loop (through a
 // pointer every vector was a call, and silu_mul ran at ~1 element per ns).
 #define KILN_INLINE(f) [](auto v) { return f(v); }
-#if KILN_AVX512_BF16
+#if KILN_ACTIVATIONS16
 #define KILN_ACT16(f) KILN_INLINE(f##16)
 #else
 #define KILN_ACT16(f) nullptr  // the avx2 build has no sixteen-lane loop

@@ -285,20 +285,88 @@ struct WidenedKBlocks {
       for (int j = 0; j < NR; ++j) _mm256_storeu_ps(spill + (i * rows + j) * 8, a[i][j]);
   }
 
-  // x rows [m0, m1) against all the widened rows, a K block at a time.
-  void run(int64_t m0, int64_t m1) const {
+#if KILN_AVX512
+  // As micro<MR, 2 * NP>, sixteen lanes at a time: weight rows n + 2j and
+  // n + 2j + 1 share a vector (low and high eight lanes) and each x row's
+  // eight values are broadcast to both halves, so every (x row, weight row)
+  // pair keeps its own eight-lane accumulator, updated by the same FMAs in
+  // the same order: the bits of the eight-lane kernel with half the FMAs.
+  // (Interleaving the rows in memory first, to load a pair's vector without
+  // the insert, measured slower at one thread.) The spill buffer's rows n and
+  // n + 1 are adjacent, one vector.
+  template <int MR, int NP>
+  void pair_micro(int64_t m, int64_t n, int64_t m0, int64_t k0, int64_t k1) const {
+    __m512 a[MR][NP];
+    float* spill = acc + ((m - m0) * rows + n) * 8;
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NP; ++j)
+        a[i][j] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(spill + (i * rows + 2 * j) * 8);
+    for (int64_t k = k0; k < k1; k += 8) {
+      __m512 wv[NP];
+      for (int j = 0; j < NP; ++j)
+        wv[j] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w + (n + 2 * j) * K + k)),
+                                   _mm256_loadu_ps(w + (n + 2 * j + 1) * K + k), 1);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (m + i) * K + k));
+        for (int j = 0; j < NP; ++j) a[i][j] = _mm512_fmadd_ps(xv, wv[j], a[i][j]);
+      }
+    }
+    if (k1 == K) {
+      __m256 halves[MR][2 * NP];
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NP; ++j) {
+          halves[i][2 * j] = _mm512_castps512_ps256(a[i][j]);
+          halves[i][2 * j + 1] = _mm512_extractf32x8_ps(a[i][j], 1);
+        }
+      float sums[MR][2 * NP];
+      kiln_linear::lane_sums<MR, 2 * NP>(halves, sums);
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < 2 * NP; ++j) y[(m + i) * N + n + j] = sums[i][j];
+      return;
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NP; ++j) _mm512_storeu_ps(spill + (i * rows + 2 * j) * 8, a[i][j]);
+  }
+  static constexpr int kPairRows = 4, kPairs = 3;  // 12 accumulators, as the eight-lane 4 x 3 block
+
+  // x rows [m0, m1) against all the widened rows, k_block of K at a time:
+  // pairs of weight rows sixteen lanes wide, an odd last row eight.
+  void run(int64_t m0, int64_t m1, int64_t k_block) const {
+    using Fn = void (WidenedKBlocks::*)(int64_t, int64_t, int64_t, int64_t, int64_t) const;
+    constexpr int PR = kPairRows, PC = kPairs;
+    static constexpr std::array<Fn, PR * PC> pairs = []<int... I>(std::integer_sequence<int, I...>) {
+      return std::array<Fn, PR * PC>{&WidenedKBlocks::pair_micro<I / PC + 1, I % PC + 1>...};
+    }(std::make_integer_sequence<int, PR * PC>{});
+    static constexpr std::array<Fn, PR> single = []<int... I>(std::integer_sequence<int, I...>) {
+      return std::array<Fn, PR>{&WidenedKBlocks::micro<I + 1, 1>...};
+    }(std::make_integer_sequence<int, PR>{});
+    const int64_t paired = rows / 2 * 2;
+    for (int64_t k0 = 0; k0 < K; k0 += k_block) {
+      const int64_t k1 = std::min(K, k0 + k_block);
+      for (int64_t m = m0; m < m1; m += PR) {
+        const int64_t mr = std::min<int64_t>(PR, m1 - m);
+        for (int64_t n = 0; n < paired; n += 2 * PC)
+          (this->*pairs[(mr - 1) * PC + std::min<int64_t>(PC, (paired - n) / 2) - 1])(m, n, m0, k0, k1);
+        if (paired < rows) (this->*single[mr - 1])(m, paired, m0, k0, k1);
+      }
+    }
+  }
+#else
+  // x rows [m0, m1) against all the widened rows, k_block of K at a time.
+  void run(int64_t m0, int64_t m1, int64_t k_block) const {
     using Fn = void (WidenedKBlocks::*)(int64_t, int64_t, int64_t, int64_t, int64_t) const;
     constexpr int WR = DenseProblem<float>::kWideRows, WC = DenseProblem<float>::kWideCols;
     static constexpr std::array<Fn, WR * WC> fns = []<int... I>(std::integer_sequence<int, I...>) {
       return std::array<Fn, WR * WC>{&WidenedKBlocks::micro<I / WC + 1, I % WC + 1>...};
     }(std::make_integer_sequence<int, WR * WC>{});
-    for (int64_t k0 = 0; k0 < K; k0 += kWidenedKBlock) {
-      const int64_t k1 = std::min(K, k0 + kWidenedKBlock);
+    for (int64_t k0 = 0; k0 < K; k0 += k_block) {
+      const int64_t k1 = std::min(K, k0 + k_block);
       for (int64_t m = m0; m < m1; m += WR)
         for (int64_t n = 0; n < rows; n += WC)
           (this->*fns[(std::min<int64_t>(WR, m1 - m) - 1) * WC + std::min<int64_t>(WC, rows - n) - 1])(m, n, m0, k0, k1);
     }
   }
+#endif
 };
 
 // More than kNarrowMaxRows x rows: Int4Problem's wide micro-kernel widens
@@ -314,23 +382,36 @@ void run_w4_tiles(const Int4Problem<P>& p, int64_t M) {
   using Dense = DenseProblem<float>;
   constexpr int WR = Dense::kWideRows, WC = Dense::kWideCols;
   const int64_t K = p.K;
-  const int64_t tile = std::max<int64_t>(WC, kiln_linear::kWeightTileBytes / (K * 4) / WC * WC);
+#if KILN_AVX512
+  constexpr int64_t grain = 2 * WidenedKBlocks::kPairs;  // whole pair blocks
+#else
+  constexpr int64_t grain = WC;
+#endif
+  const int64_t tile = std::max<int64_t>(grain, kiln_linear::kWeightTileBytes / (K * 4) / grain * grain);
   const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 4) / WR * WR);
   const bool k_blocks = K > 2 * kWidenedKBlock;
   kiln_int4::over_widened_tiles<float>(p.codes, p.scale_min, K, p.N, p.G, tile, 4 * WC,
                                        kiln_int4::widen_row<P, float>,
                                        [&](const float* widened, int64_t t0, int64_t rows) {
     thread_local std::vector<float> acc;
+#if KILN_AVX512
+    // Sixteen lanes at every K (WidenedKBlocks' pairs); one block when K is short.
+    acc.resize(row_block * rows * 8);
+    for (int64_t m0 = 0; m0 < M; m0 += row_block)
+      WidenedKBlocks{p.x, widened, p.y + t0, acc.data(), K, p.N, rows}.run(m0, std::min(M, m0 + row_block),
+                                                                          k_blocks ? kWidenedKBlock : K);
+#else
     if (k_blocks) acc.resize(row_block * rows * 8);
     for (int64_t m0 = 0; m0 < M; m0 += row_block) {
       const int64_t m1 = std::min(M, m0 + row_block);
       if (k_blocks) {
-        WidenedKBlocks{p.x, widened, p.y + t0, acc.data(), K, p.N, rows}.run(m0, m1);
+        WidenedKBlocks{p.x, widened, p.y + t0, acc.data(), K, p.N, rows}.run(m0, m1, kWidenedKBlock);
       } else {
         const Dense d{p.x, widened, nullptr, p.y + t0, K, p.N};
         Kernels<Dense>::block(d, m0, m1, 0, rows);
       }
     }
+#endif
   });
 }
 

@@ -2,18 +2,19 @@
 // prompt-sized fp32 x: y[M, N] = x[M, K] @ W^T, for the rows where the int4
 // kernel's dot products (linear_w4) are compute-bound at ~100-140 GFLOP/s.
 //
-// Threads split W into panels of 16 rows. Each panel is widened once per call
-// (int4_widen.h's widen_row: the weights linear_w4 multiplies by) and laid
-// out k-major, panel[k][16], then every x row passes over it in a 6 x 16
-// outer-product micro-kernel: per k, two panel vectors, six broadcasts of x
-// and twelve FMAs, the accumulators never summed across lanes. K is taken in
-// blocks of kKBlock so that a panel's block (16 KiB) stays in L1 while the x
-// rows stream by; between blocks the accumulators go through y (or a scratch)
-// and come back.
+// Threads split W into panels of 16 rows (32 in the avx512 build). Each panel
+// is widened once per call (int4_widen.h's widen_row: the weights linear_w4
+// multiplies by) and laid out k-major, panel[k][16], then every x row passes
+// over it in a 6 x 16 outer-product micro-kernel (12 x 32 on AVX-512): per k,
+// two panel vectors, six broadcasts of x and twelve FMAs, the accumulators
+// never summed across lanes. K is taken in blocks of kKBlock so that a
+// panel's block (16 KiB) stays in L1 while the x rows stream by; between
+// blocks the accumulators go through y (or a scratch) and come back.
 //
 // Every output is one chain, y[m, n] = fma(x[m, k], w[n, k], y) for k = 0, 1,
 // ... K-1 from 0, in fp32: storing and reloading an fp32 accumulator is exact,
-// and the chain is the same for every micro-kernel shape, so a row's result
+// and the chain is the same for every micro-kernel shape and vector width
+// (the avx2 and avx512 builds give the same bits), so a row's result
 // depends on neither M nor the other rows (batch invariance), but is not the
 // int4 kernel's (eight partial sums per output added at the end), as oneDNN's
 // GEMM on the widened weight, which this replaces, was not either.
@@ -31,41 +32,68 @@
 
 namespace {
 
+#if KILN_AVX512
+// Sixteen-lane vectors: the panel is two of them, twelve x rows a pass (24
+// accumulators + 2 panel vectors of the 32 registers; the x values are
+// broadcast from memory by the FMAs themselves).
+using Vec = __m512;
+constexpr int64_t kPanel = 32;   // weight rows per panel: two AVX-512 vectors of outputs
+constexpr int64_t kRows = 12;    // x rows per micro-kernel pass
+constexpr int64_t kKBlock = 128; // a panel's block: 128 x 32 floats = 16 KiB
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm512_load_ps(p); }
+inline Vec vloadu(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstoreu(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+#define KILN_PANEL_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#else
+using Vec = __m256;
 constexpr int64_t kPanel = 16;   // weight rows per panel: two AVX2 vectors of outputs
 constexpr int64_t kRows = 6;     // x rows per micro-kernel pass: 6 x 2 accumulators + 2 panel vectors + 1 broadcast
 constexpr int64_t kKBlock = 256; // a panel's block: 256 x 16 floats = 16 KiB
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm256_load_ps(p); }
+inline Vec vloadu(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstoreu(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+#define KILN_PANEL_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#endif
+constexpr int64_t kHalf = kPanel / 2;  // floats per vector
 constexpr int64_t kMBlock = 240; // x rows per block, a multiple of kRows
 
-// c[m, 0 .. 16] (row stride ldc) for the six x rows m (row stride K) over k
-// in [k0, k1): the accumulators start at 0 (kFirst) or at c, and end in c.
-// Twelve named accumulators: GCC kept an array of them on the stack,
-// storing each after every FMA (62 GFLOP/s instead of ~170).
+// c[m, 0 .. kPanel] (row stride ldc) for the kRows x rows m (row stride K)
+// over k in [k0, k1): the accumulators start at 0 (kFirst) or at c, and end
+// in c. Named accumulators: GCC kept an array of them on the stack,
+// storing each after every FMA (62 GFLOP/s instead of ~170 on AVX2).
 template <bool kFirst>
 void micro(const float* x, int64_t K, const float* panel, int64_t k0, int64_t k1, float* c, int64_t ldc) {
-#define KILN_ACC_INIT(m)                                                     \
-  __m256 lo##m = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(c + (m) * ldc), \
-         hi##m = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(c + (m) * ldc + 8);
-#define KILN_ACC_FMA(m)                                        \
-  {                                                            \
-    const __m256 xv = _mm256_broadcast_ss(x + (m) * K + k);    \
-    lo##m = _mm256_fmadd_ps(xv, w0, lo##m);                    \
-    hi##m = _mm256_fmadd_ps(xv, w1, hi##m);                    \
+#define KILN_ACC_INIT(m)                                                  \
+  Vec lo##m = kFirst ? vzero() : vloadu(c + (m) * ldc),                   \
+      hi##m = kFirst ? vzero() : vloadu(c + (m) * ldc + kHalf);
+#define KILN_ACC_FMA(m)                               \
+  {                                                   \
+    const Vec xv = vbroadcast(x + (m) * K + k);       \
+    lo##m = vfma(xv, w0, lo##m);                      \
+    hi##m = vfma(xv, w1, hi##m);                      \
   }
-#define KILN_ACC_STORE(m)                       \
-  _mm256_storeu_ps(c + (m) * ldc, lo##m);       \
-  _mm256_storeu_ps(c + (m) * ldc + 8, hi##m);
-  KILN_ACC_INIT(0) KILN_ACC_INIT(1) KILN_ACC_INIT(2) KILN_ACC_INIT(3) KILN_ACC_INIT(4) KILN_ACC_INIT(5)
+#define KILN_ACC_STORE(m)            \
+  vstoreu(c + (m) * ldc, lo##m);     \
+  vstoreu(c + (m) * ldc + kHalf, hi##m);
+  KILN_PANEL_ROWS(KILN_ACC_INIT)
   for (int64_t k = k0; k < k1; ++k) {
-    const __m256 w0 = _mm256_load_ps(panel + k * kPanel), w1 = _mm256_load_ps(panel + k * kPanel + 8);
-    KILN_ACC_FMA(0) KILN_ACC_FMA(1) KILN_ACC_FMA(2) KILN_ACC_FMA(3) KILN_ACC_FMA(4) KILN_ACC_FMA(5)
+    const Vec w0 = vload(panel + k * kPanel), w1 = vload(panel + k * kPanel + kHalf);
+    KILN_PANEL_ROWS(KILN_ACC_FMA)
   }
-  KILN_ACC_STORE(0) KILN_ACC_STORE(1) KILN_ACC_STORE(2) KILN_ACC_STORE(3) KILN_ACC_STORE(4) KILN_ACC_STORE(5)
+  KILN_PANEL_ROWS(KILN_ACC_STORE)
 #undef KILN_ACC_INIT
 #undef KILN_ACC_FMA
 #undef KILN_ACC_STORE
 }
+#undef KILN_PANEL_ROWS
 
-// Rows [n0, n0 + cols) of W widened and laid out k-major into `panel` (K x 16,
+// Rows [n0, n0 + cols) of W widened and laid out k-major into `panel` (K x kPanel,
 // rows past `cols` zero); `rows` is scratch for the row-major widening.
 template <typename P>
 void widen_panel(const kiln_int4::Weight& w, const P* params, int64_t n0, int64_t cols, std::vector<float>& rows,
@@ -79,35 +107,35 @@ void widen_panel(const kiln_int4::Weight& w, const P* params, int64_t n0, int64_
     for (int64_t j = 0; j < kPanel; ++j) panel[k * kPanel + j] = rows[j * K + k];
 }
 
-// x rows are taken kMBlock at a time (a k-block of them, 240 KiB at
-// kKBlock, stays in L2 while the thread's panels pass over it; each panel is
-// widened again for each row block). A panel's outputs go straight to y, or
-// for the last panel of an N that is not a multiple of 16 through a
-// [rows, 16] scratch whose first columns are copied out. The block's last
-// rows % 6 run through six-row scratch copies (zero rows past its end; each
-// row's chain is its own, so the padding changes no output).
+// Each panel is widened once per call; x rows then pass over it kMBlock at
+// a time (a k-block of them, 120-240 KiB, stays in L2 while the panel's
+// k-blocks pass over it). A panel's outputs go straight to y, or for the
+// last panel of an N that is not a multiple of kPanel through a [rows,
+// kPanel] scratch whose first columns are copied out. The last M % kRows
+// rows run through a kRows-row scratch copy (zero rows past M; each row's
+// chain is its own, so the padding changes no output). kMBlock is a multiple
+// of kRows, so only the last block has such rows.
 template <typename P>
 void run(const float* x, const kiln_int4::Weight& w, const P* params, float* y, int64_t M) {
-  const int64_t K = w.K, N = w.N, panels = (N + kPanel - 1) / kPanel;
+  const int64_t K = w.K, N = w.N, panels = (N + kPanel - 1) / kPanel, full = M / kRows * kRows;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows(kPanel * K), scratch(kMBlock * kPanel), x_tail(kRows * K), c_tail(kRows * kPanel);
+    std::vector<float> rows(kPanel * K), scratch(kMBlock * kPanel), x_tail(kRows * K, 0.0f), c_tail(kRows * kPanel);
+    std::copy(x + full * K, x + M * K, x_tail.begin());
     float* panel = static_cast<float*>(std::aligned_alloc(64, kPanel * K * sizeof(float)));
-    for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
-      const int64_t m1 = std::min(M, m0 + kMBlock), full = m0 + (m1 - m0) / kRows * kRows;
-      std::fill(x_tail.begin(), x_tail.end(), 0.0f);
-      std::copy(x + full * K, x + m1 * K, x_tail.begin());
-      for (int64_t p = begin; p < end; ++p) {
-        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-        widen_panel(w, params, n0, cols, rows, panel);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+      widen_panel(w, params, n0, cols, rows, panel);
+      for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
+        const int64_t m1 = std::min(M, m0 + kMBlock), m_full = std::min(m1, full);
         float* c = cols < kPanel ? scratch.data() : y + m0 * N + n0;  // row m0 + i at c + i * ldc
         const int64_t ldc = cols < kPanel ? kPanel : N;
         for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
           const int64_t k1 = std::min(K, k0 + kKBlock);
           const auto fn = k0 == 0 ? micro<true> : micro<false>;
-          for (int64_t m = m0; m < full; m += kRows) fn(x + m * K, K, panel, k0, k1, c + (m - m0) * ldc, ldc);
-          if (full < m1) fn(x_tail.data(), K, panel, k0, k1, c_tail.data(), kPanel);
+          for (int64_t m = m0; m < m_full; m += kRows) fn(x + m * K, K, panel, k0, k1, c + (m - m0) * ldc, ldc);
+          if (m_full < m1) fn(x_tail.data(), K, panel, k0, k1, c_tail.data(), kPanel);
         }
-        for (int64_t m = full; m < m1; ++m)
+        for (int64_t m = m_full; m < m1; ++m)
           std::copy(c_tail.data() + (m - full) * kPanel, c_tail.data() + (m - full + 1) * kPanel, c + (m - m0) * ldc);
         if (cols < kPanel)
           for (int64_t m = m0; m < m1; ++m)

@@ -29,7 +29,9 @@
 
 #include "kernels.h"
 #include "simd.h"
-#ifdef KILN_AVX512_BF16
+// Sixteen lanes in both AVX-512 builds (only AVX-512F is used).
+#if defined(KILN_AVX512_BF16) || defined(KILN_AVX512)
+#define KILN_ATTEND_LANES16 1
 #include "simd512.h"
 #endif
 
@@ -40,7 +42,7 @@ using kiln_simd::softmax;
 constexpr int kMaxGroup = 8;  // query heads per kv head
 
 // The vector width a build attends with: 8 fp32 lanes (AVX2) or 16 (the
-// avx512_bf16 build). Pool entries load as fp32 lanes (16-bit ones widened);
+// avx512 and avx512_bf16 builds). Pool entries load as fp32 lanes (16-bit ones widened);
 // `sum` adds the lanes in one fixed order.
 struct Lanes8 {
   using Vec = __m256;
@@ -54,7 +56,7 @@ struct Lanes8 {
   static float sum(Vec v) { return kiln_simd::hsum(v); }
 };
 
-#ifdef KILN_AVX512_BF16
+#ifdef KILN_ATTEND_LANES16
 struct Lanes16 {
   using Vec = __m512;
   static constexpr int64_t kLanes = 16;
@@ -252,7 +254,7 @@ struct GroupKernels {
 template <typename KV, int... G>
 GroupKernels<KV> kernels_for_group(int group, int64_t D, std::integer_sequence<int, G...>) {
   GroupKernels<KV> k;
-#ifdef KILN_AVX512_BF16
+#ifdef KILN_ATTEND_LANES16
   using V = Lanes16;
   // Four 16-lane slices of outputs per pass where G x 4 accumulators fit (up to 16 of 32 registers).
   const bool wide = D % 64 == 0 && group <= 4;

@@ -94,7 +94,10 @@ def test_routing_takes_the_kernel_only_where_it_applies():
 @pytest.mark.parametrize("threads", [1, 2])
 def test_onednn_packed_bf16_rows_are_independent(threads):
     # bf16 prefill above BF16_PACKED_MIN_ROWS rows takes the packed copy; batch
-    # invariance needs its rows independent of M as well.
+    # invariance needs its rows independent of M as well. Only there: one row
+    # takes oneDNN's GEMV, which on an AVX-512 CPU without BF16 (Ice Lake, 2
+    # threads) sums in another order than the GEMM (up to 0.125 apart here);
+    # Kiln never sends it so few rows.
     x, w = bf16_operands(5, 300, 576, 960)
     packed = ops.pack_linear_weight(w)
     before = torch.get_num_threads()
@@ -102,7 +105,8 @@ def test_onednn_packed_bf16_rows_are_independent(threads):
     try:
         full = ops.linear_packed(x, packed)
         assert ((full.double() - F.linear(x.double(), w.double())).abs() <= full.double().abs() * 2**-7 + 1e-2).all()
-        for rows in (1, 7, 33, 64, 299):
+        assert tuning.BF16_PACKED_MIN_ROWS < 9
+        for rows in (9, 33, 64, 299):
             assert torch.equal(ops.linear_packed(x[:rows], packed), full[:rows])
     finally:
         torch.set_num_threads(before)

@@ -1,0 +1,70 @@
+"""The avx512 build (AVX-512 F/BW/VL/DQ without BF16: Skylake-SP to Ice Lake) against the avx2 build, in
+fresh processes (a process loads one build for good): its sixteen-lane int4 kernels (linear_w4's tiles
+above 8 rows, linear_w4_panels for prompts) and activations give the avx2 build's bits; its sixteen-lane
+decode attention sums in another order, so it agrees within float rounding. Runs wherever the CPU has
+AVX-512 (an AVX512_BF16 or AMX CPU too: KILN_ISA=avx512 forces the build)."""
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kiln.llm.kernels import isa
+from kiln.llm.kernels.build import BUILDS
+
+PROBE = """
+import io, sys, torch
+from kiln.llm.kernels import ops
+assert ops.kernels_loaded()
+torch.set_num_threads(2)
+g = torch.Generator().manual_seed(0)
+out = {"library": ops.loaded_library()}
+# N: whole and partial pair blocks and panels, an odd last row; K = 1536 runs in K blocks.
+for n, k in ((960, 576), (27, 576), (13, 1536), (50, 128)):
+    codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    scale_min = ((torch.rand(n, k // 32, 2, generator=g) - 0.5) * 0.1).half()
+    for m in (1, 7, 9, 13, 64, 65, 193, 241, 500):  # narrow, tiles with row tails, panels with row tails
+        x = torch.randn(m, k, generator=g)
+        out[f"linear_w4 {n}x{k} m={m}"] = torch.ops.kiln.linear_w4(x, codes, scale_min, 32)
+        if m > 8:
+            out[f"linear_w4_panels {n}x{k} m={m}"] = torch.ops.kiln.linear_w4_panels(x, codes, scale_min, 32)
+gate_up = torch.randn(5, 2 * 1549, generator=g) * 6  # sixteen-, eight-lane and scalar parts
+out["silu_mul"] = torch.ops.kiln.silu_mul(gate_up)
+out["gelu_tanh_mul"] = torch.ops.kiln.gelu_tanh_mul(gate_up)
+block, heads, kv_heads, dim = 16, 9, 3, 64
+k_pool = torch.randn(40 * block, kv_heads, dim, generator=g).half()
+v_pool = torch.randn(40 * block, kv_heads, dim, generator=g).half()
+tables = torch.randperm(40, generator=g)[:36].reshape(4, 9)
+lens = torch.tensor([1, 17, 100, 144])
+q = torch.randn(4, heads, dim, generator=g)
+out["attention"] = ops.paged_decode_attention(q, k_pool, v_pool, tables, lens, block)
+buffer = io.BytesIO()
+torch.save(out, buffer)
+sys.stdout.buffer.write(buffer.getvalue())
+"""
+
+
+def _outputs(level: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("KILN_ISA", "KILN_KERNELS")}
+    env["KILN_ISA"] = level
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    return torch.load(io.BytesIO(done.stdout))
+
+
+def _unavailable() -> bool:
+    return (not isa.cpu_isa().at_least("avx512") or isa.cpu_isa().forced
+            or not all(BUILDS[name].library.exists() for name in ("avx2", "avx512")))
+
+
+@pytest.mark.skipif(_unavailable(), reason="needs an AVX-512 CPU, the avx2 and avx512 builds and no KILN_ISA")
+def test_the_avx512_build_gives_the_avx2_builds_bits_and_close_attention():
+    wide, narrow = _outputs("avx512"), _outputs("avx2")
+    assert (wide.pop("library"), narrow.pop("library")) == ("avx512", "avx2")
+    attention_wide, attention_narrow = wide.pop("attention"), narrow.pop("attention")
+    assert len(wide) == len(narrow) == 4 * (9 + 7) + 2
+    for name, values in wide.items():
+        assert torch.equal(values.view(torch.int32), narrow[name].view(torch.int32)), name
+    torch.testing.assert_close(attention_wide, attention_narrow, rtol=1e-5, atol=1e-5)
