@@ -7,9 +7,10 @@ Three builds (isa.py says which one a CPU loads), compiled in parallel:
                                   kernels (int4 x int8 activations); bf16
                                   through fp32 arithmetic
     _kiln_kernels_avx512.so       the same sources with AVX-512 F/BW/VL/DQ
-                                  (Skylake-SP to Ice Lake: no BF16): the
-                                  compute-bound fp32 int4 kernels sixteen
-                                  lanes wide, the same bits as avx2's
+                                  (Skylake-SP to Ice Lake: no BF16): int4
+                                  above 8 rows and prompts, decode attention
+                                  and gating sixteen lanes wide (the int4
+                                  kernels give the avx2 build's bits)
     _kiln_kernels_avx512_bf16.so  adds AVX-512 F/BW/VL/DQ, BF16 and VNNI:
                                   bf16 dot products (`vdpbf16ps`)
 

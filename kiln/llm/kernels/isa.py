@@ -11,8 +11,9 @@ level of an ordered list:
     amx          + AMX tiles for bf16 and int8 (Sapphire Rapids and later)
 
 Each level loads one kernel library (`LIBRARY_FOR_LEVEL`): there are three
-builds, `avx2`, `avx512` (the avx2 sources with the compute-bound fp32 and
-int4 kernels sixteen lanes wide) and `avx512_bf16`. Kiln has no AMX tile code:
+builds, `avx2`, `avx512` (the avx2 sources with the compute-bound int4
+kernels, decode attention and gating sixteen lanes wide) and `avx512_bf16`.
+Kiln has no AMX tile code:
 AMX is reached through oneDNN, which torch's bf16 and int8 matmuls use by
 themselves where the CPU has it.
 
