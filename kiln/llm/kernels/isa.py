@@ -13,9 +13,8 @@ level of an ordered list:
 Each level loads one kernel library (`LIBRARY_FOR_LEVEL`): there are three
 builds, `avx2`, `avx512` (the avx2 sources with the compute-bound int4
 kernels, decode attention and gating sixteen lanes wide) and `avx512_bf16`.
-Kiln has no AMX tile code:
-AMX is reached through oneDNN, which torch's bf16 and int8 matmuls use by
-themselves where the CPU has it.
+Kiln has no AMX tile code: AMX is reached through oneDNN, which torch's
+bf16 and int8 matmuls use by themselves where the CPU has it.
 
 `KILN_ISA=<level>` forces a level at or below the CPU's (to test every
 path on one machine, and for A/B runs); one above it is an error.
