@@ -175,4 +175,20 @@ def start_inflight_requests(base_url: str, started_timeout: float) -> InflightRe
     for t in requests.threads:
         t.start()
     assert started.wait(started_timeout)
+    # The stream's first token does not mean the other request reached the engine: on a loaded machine
+    # its POST can still be on the way, and a kill then answers it 503 "restarting" instead of "dead".
+    deadline = time.monotonic() + started_timeout
+    while _requests_in_engine(base_url) < 2:
+        assert not requests.whole, "the non-streamed request finished before both were in the engine"
+        assert time.monotonic() < deadline, "the two requests were not both in the engine"
+        time.sleep(0.01)
     return requests
+
+
+def _requests_in_engine(base_url: str) -> float:
+    """Running plus waiting requests over every model, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name in ("kiln:num_requests_running", "kiln:num_requests_waiting"))
