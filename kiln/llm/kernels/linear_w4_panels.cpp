@@ -2,14 +2,15 @@
 // prompt-sized fp32 x: y[M, N] = x[M, K] @ W^T, for the rows where the int4
 // kernel's dot products (linear_w4) are compute-bound at ~100-140 GFLOP/s.
 //
-// Threads split W into panels of 16 rows (32 in the avx512 build). Each panel
+// Threads split W into panels of 16 rows (64 in the avx512 build). Each panel
 // is widened once per call (int4_widen.h's widen_row: the weights linear_w4
 // multiplies by) and laid out k-major, panel[k][16], then every x row passes
-// over it in a 6 x 16 outer-product micro-kernel (12 x 32 on AVX-512): per k,
-// two panel vectors, six broadcasts of x and twelve FMAs, the accumulators
-// never summed across lanes. K is taken in blocks of kKBlock so that a
-// panel's block (16 KiB) stays in L1 while the x rows stream by; between
-// blocks the accumulators go through y (or a scratch) and come back.
+// over it in a 6 x 16 outer-product micro-kernel (6 x 64 on AVX-512): per k,
+// two (four) panel vectors, six broadcasts of x and twelve (24) FMAs, the
+// accumulators never summed across lanes. The avx2 build takes K in blocks
+// of kKBlock so that a panel's block (16 KiB) stays in L1 while the x rows
+// stream by; between blocks the accumulators go through y (or a scratch)
+// and come back. The avx512 build takes K whole (its panel streams from L2).
 //
 // Every output is one chain, y[m, n] = fma(x[m, k], w[n, k], y) for k = 0, 1,
 // ... K-1 from 0, in fp32: storing and reloading an fp32 accumulator is exact,
@@ -33,20 +34,24 @@
 namespace {
 
 #if KILN_AVX512
-// Sixteen-lane vectors: the panel is two of them, twelve x rows a pass (24
-// accumulators + 2 panel vectors of the 32 registers; the x values are
-// broadcast from memory by the FMAs themselves).
+// Sixteen-lane vectors: the panel is four of them, six x rows a pass (24
+// accumulators + 4 panel vectors of the 32 registers), over the whole of K
+// in one pass: the panel (64 x K floats, 144-384 KiB for SmolLM2) stays in
+// L2, the accumulators in registers. On Ice Lake, SmolLM2's four shapes at
+// 504 rows, one thread (a standalone copy of this loop, best of 12): 12 x 32
+// in K blocks of 128 102-111 GFLOP/s, 6 x 64 over the whole K 132-140.
 using Vec = __m512;
-constexpr int64_t kPanel = 32;   // weight rows per panel: two AVX-512 vectors of outputs
-constexpr int64_t kRows = 12;    // x rows per micro-kernel pass
-constexpr int64_t kKBlock = 128; // a panel's block: 128 x 32 floats = 16 KiB
+constexpr int64_t kPanel = 64;   // weight rows per panel: four AVX-512 vectors of outputs
+constexpr int64_t kRows = 6;     // x rows per micro-kernel pass
+constexpr int64_t kKBlock = int64_t{1} << 40;  // past any K: one block, the chains stay in registers
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vload(const float* p) { return _mm512_load_ps(p); }
 inline Vec vloadu(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstoreu(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-#define KILN_PANEL_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define KILN_PANEL_VECS(X) X(0) X(1) X(2) X(3)
+#define KILN_PANEL_VECS_OF(X, m) X(m, 0) X(m, 1) X(m, 2) X(m, 3)
 #else
 using Vec = __m256;
 constexpr int64_t kPanel = 16;   // weight rows per panel: two AVX2 vectors of outputs
@@ -58,40 +63,69 @@ inline Vec vloadu(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstoreu(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-#define KILN_PANEL_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define KILN_PANEL_VECS(X) X(0) X(1)
+#define KILN_PANEL_VECS_OF(X, m) X(m, 0) X(m, 1)
 #endif
-constexpr int64_t kHalf = kPanel / 2;  // floats per vector
+#define KILN_PANEL_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+constexpr int64_t kLanes = sizeof(Vec) / sizeof(float);
 constexpr int64_t kMBlock = 240; // x rows per block, a multiple of kRows
 
 // c[m, 0 .. kPanel] (row stride ldc) for the kRows x rows m (row stride K)
-// over k in [k0, k1): the accumulators start at 0 (kFirst) or at c, and end
-// in c. Named accumulators: GCC kept an array of them on the stack,
+// over k in [k0, k1) (all of K in the avx512 build): the accumulators start
+// at 0 (kFirst) or at c, and end in c. Named accumulators: GCC kept an array of them on the stack,
 // storing each after every FMA (62 GFLOP/s instead of ~170 on AVX2).
 template <bool kFirst>
 void micro(const float* x, int64_t K, const float* panel, int64_t k0, int64_t k1, float* c, int64_t ldc) {
-#define KILN_ACC_INIT(m)                                                  \
-  Vec lo##m = kFirst ? vzero() : vloadu(c + (m) * ldc),                   \
-      hi##m = kFirst ? vzero() : vloadu(c + (m) * ldc + kHalf);
-#define KILN_ACC_FMA(m)                               \
-  {                                                   \
-    const Vec xv = vbroadcast(x + (m) * K + k);       \
-    lo##m = vfma(xv, w0, lo##m);                      \
-    hi##m = vfma(xv, w1, hi##m);                      \
+  // acc_m_v: x row m times panel vector v (outputs v * kLanes ..).
+#define KILN_ACC_INIT_V(m, v) Vec acc##m##_##v = kFirst ? vzero() : vloadu(c + (m) * ldc + (v) * kLanes);
+#define KILN_ACC_FMA_V(m, v) acc##m##_##v = vfma(xv, w##v, acc##m##_##v);
+#define KILN_ACC_STORE_V(m, v) vstoreu(c + (m) * ldc + (v) * kLanes, acc##m##_##v);
+#define KILN_ACC_INIT(m) KILN_PANEL_VECS_OF(KILN_ACC_INIT_V, m)
+#define KILN_ACC_FMA(m)                          \
+  {                                              \
+    const Vec xv = vbroadcast(x + (m) * K + k);  \
+    KILN_PANEL_VECS_OF(KILN_ACC_FMA_V, m)        \
   }
-#define KILN_ACC_STORE(m)            \
-  vstoreu(c + (m) * ldc, lo##m);     \
-  vstoreu(c + (m) * ldc + kHalf, hi##m);
+#define KILN_ACC_STORE(m) KILN_PANEL_VECS_OF(KILN_ACC_STORE_V, m)
+#define KILN_LOAD_W(v) const Vec w##v = vload(panel + k * kPanel + (v) * kLanes);
   KILN_PANEL_ROWS(KILN_ACC_INIT)
   for (int64_t k = k0; k < k1; ++k) {
-    const Vec w0 = vload(panel + k * kPanel), w1 = vload(panel + k * kPanel + kHalf);
+    KILN_PANEL_VECS(KILN_LOAD_W)
     KILN_PANEL_ROWS(KILN_ACC_FMA)
   }
   KILN_PANEL_ROWS(KILN_ACC_STORE)
+#undef KILN_ACC_INIT_V
+#undef KILN_ACC_FMA_V
+#undef KILN_ACC_STORE_V
 #undef KILN_ACC_INIT
 #undef KILN_ACC_FMA
 #undef KILN_ACC_STORE
+#undef KILN_LOAD_W
 }
 #undef KILN_PANEL_ROWS
+#undef KILN_PANEL_VECS
+#undef KILN_PANEL_VECS_OF
+
+// dst[c * ldd + r] = src[r * ld + c] for an 8 x 8 block (AVX: both builds).
+// A scalar transpose of the widened rows took ~12% of a 512-row call on Ice
+// Lake (SmolLM2's shapes at 6 rows, one thread: 3.3 ms, 1.7-2.6 with this).
+inline void transpose8x8(const float* src, int64_t ld, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
+  for (int i = 0; i < 8; i += 2) {  // t[i]: rows i, i + 1 interleaved, columns 0 1 | 4 5; t[i + 1]: 2 3 | 6 7
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int h = 0; h < 8; h += 4)  // r[h + c]: rows h .. h + 3 of columns c | c + 4
+    for (int i = 0; i < 2; ++i) {
+      r[h + 2 * i] = _mm256_shuffle_ps(t[h + i], t[h + 2 + i], 0x44);
+      r[h + 2 * i + 1] = _mm256_shuffle_ps(t[h + i], t[h + 2 + i], 0xEE);
+    }
+  for (int c = 0; c < 4; ++c) {
+    _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+    _mm256_storeu_ps(dst + (c + 4) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+  }
+}
 
 // Rows [n0, n0 + cols) of W widened and laid out k-major into `panel` (K x kPanel,
 // rows past `cols` zero); `rows` is scratch for the row-major widening.
@@ -103,18 +137,18 @@ void widen_panel(const kiln_int4::Weight& w, const P* params, int64_t n0, int64_
   if (cols < kPanel) std::fill(rows.begin() + cols * K, rows.end(), 0.0f);
   for (int64_t j = 0; j < cols; ++j)
     kiln_int4::widen_row(codes + (n0 + j) * (K / 2), params + (n0 + j) * groups * 2, rows.data() + j * K, K, w.G);
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t j = 0; j < kPanel; ++j) panel[k * kPanel + j] = rows[j * K + k];
+  for (int64_t j = 0; j < kPanel; j += 8)  // K and kPanel are multiples of 8
+    for (int64_t k = 0; k < K; k += 8) transpose8x8(rows.data() + j * K + k, K, panel + k * kPanel + j, kPanel);
 }
 
 // Each panel is widened once per call; x rows then pass over it kMBlock at
-// a time (a k-block of them, 120-240 KiB, stays in L2 while the panel's
-// k-blocks pass over it). A panel's outputs go straight to y, or for the
-// last panel of an N that is not a multiple of kPanel through a [rows,
-// kPanel] scratch whose first columns are copied out. The last M % kRows
-// rows run through a kRows-row scratch copy (zero rows past M; each row's
-// chain is its own, so the padding changes no output). kMBlock is a multiple
-// of kRows, so only the last block has such rows.
+// a time (in the avx2 build a k-block of them, 60-240 KiB, stays in L2 while
+// the panel's k-blocks pass over it). A panel's outputs go straight to y, or
+// for the last panel of an N that is not a multiple of kPanel through a
+// [rows, kPanel] scratch whose first columns are copied out. The last M % kRows rows run
+// through a kRows-row scratch copy (zero rows past M; each row's chain is
+// its own, so the padding changes no output). kMBlock is a multiple of
+// kRows, so only the last block has such rows.
 template <typename P>
 void run(const float* x, const kiln_int4::Weight& w, const P* params, float* y, int64_t M) {
   const int64_t K = w.K, N = w.N, panels = (N + kPanel - 1) / kPanel, full = M / kRows * kRows;
