@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "int4_widen.h"
+#include "simd.h"
 
 namespace {
 
@@ -106,27 +107,6 @@ void micro(const float* x, int64_t K, const float* panel, int64_t k0, int64_t k1
 #undef KILN_PANEL_VECS
 #undef KILN_PANEL_VECS_OF
 
-// dst[c * ldd + r] = src[r * ld + c] for an 8 x 8 block (AVX: both builds).
-// A scalar transpose of the widened rows took ~12% of a 512-row call on Ice
-// Lake (SmolLM2's shapes at 6 rows, one thread: 3.3 ms, 1.7-2.6 with this).
-inline void transpose8x8(const float* src, int64_t ld, float* dst, int64_t ldd) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
-  for (int i = 0; i < 8; i += 2) {  // t[i]: rows i, i + 1 interleaved, columns 0 1 | 4 5; t[i + 1]: 2 3 | 6 7
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int h = 0; h < 8; h += 4)  // r[h + c]: rows h .. h + 3 of columns c | c + 4
-    for (int i = 0; i < 2; ++i) {
-      r[h + 2 * i] = _mm256_shuffle_ps(t[h + i], t[h + 2 + i], 0x44);
-      r[h + 2 * i + 1] = _mm256_shuffle_ps(t[h + i], t[h + 2 + i], 0xEE);
-    }
-  for (int c = 0; c < 4; ++c) {
-    _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
-    _mm256_storeu_ps(dst + (c + 4) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
-  }
-}
-
 // Rows [n0, n0 + cols) of W widened and laid out k-major into `panel` (K x kPanel,
 // rows past `cols` zero); `rows` is scratch for the row-major widening.
 template <typename P>
@@ -137,8 +117,16 @@ void widen_panel(const kiln_int4::Weight& w, const P* params, int64_t n0, int64_
   if (cols < kPanel) std::fill(rows.begin() + cols * K, rows.end(), 0.0f);
   for (int64_t j = 0; j < cols; ++j)
     kiln_int4::widen_row(codes + (n0 + j) * (K / 2), params + (n0 + j) * groups * 2, rows.data() + j * K, K, w.G);
-  for (int64_t j = 0; j < kPanel; j += 8)  // K and kPanel are multiples of 8
-    for (int64_t k = 0; k < K; k += 8) transpose8x8(rows.data() + j * K + k, K, panel + k * kPanel + j, kPanel);
+  // 8 x 8 blocks (K and kPanel are multiples of 8). A scalar transpose took
+  // ~12% of a 512-row call on Ice Lake (SmolLM2's shapes at 6 rows, one
+  // thread: 3.3 ms, 1.7-2.6 with the blocks).
+  for (int64_t j = 0; j < kPanel; j += 8)
+    for (int64_t k = 0; k < K; k += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows.data() + (j + i) * K + k);
+      kiln_simd::transpose8(r);
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * kPanel + j, r[i]);
+    }
 }
 
 // Each panel is widened once per call; x rows then pass over it kMBlock at

@@ -40,29 +40,11 @@ namespace {
 using kiln_simd::load8;
 using kiln_simd::softmax;
 using kiln_simd::store8f;
+using kiln_simd::transpose8;
 
 constexpr int64_t kTileRows = 16;  // query rows per work item
 constexpr int64_t kScoreVecs = 6;  // query vectors scored per pass: 6 x 2 accumulators + 2 keys + broadcast
 constexpr int64_t kValueVecs = 6;   // query vectors weighted per pass: 6 x 2 accumulators + 2 values + 1 weight
-
-// Eight rows of eight floats -> their eight columns (r[i] becomes column i).
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8], s[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
-  }
-}
 
 using kiln_prefill::Geometry;
 
