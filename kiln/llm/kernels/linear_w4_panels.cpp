@@ -10,7 +10,8 @@
 // accumulators never summed across lanes. The avx2 build takes K in blocks
 // of kKBlock so that a panel's block (16 KiB) stays in L1 while the x rows
 // stream by; between blocks the accumulators go through y (or a scratch)
-// and come back. The avx512 build takes K whole (its panel streams from L2).
+// and come back. The avx512 build takes K in blocks of 2048 (a block of its
+// panel, 512 KiB, streams from L2; SmolLM2's K is one block).
 //
 // Every output is one chain, y[m, n] = fma(x[m, k], w[n, k], y) for k = 0, 1,
 // ... K-1 from 0, in fp32: storing and reloading an fp32 accumulator is exact,
@@ -36,15 +37,19 @@ namespace {
 
 #if KILN_AVX512
 // Sixteen-lane vectors: the panel is four of them, six x rows a pass (24
-// accumulators + 4 panel vectors of the 32 registers), over the whole of K
-// in one pass: the panel (64 x K floats, 144-384 KiB for SmolLM2) stays in
-// L2, the accumulators in registers. On Ice Lake, SmolLM2's four shapes at
-// 504 rows, one thread (a standalone copy of this loop, best of 12): 12 x 32
-// in K blocks of 128 102-111 GFLOP/s, 6 x 64 over the whole K 132-140.
+// accumulators + 4 panel vectors of the 32 registers), over K blocks of 2048:
+// a block of the panel (64 x 2048 floats, 512 KiB) stays in L2, the
+// accumulators in registers through the block. On Ice Lake, SmolLM2's four
+// shapes at 504 rows, one thread (a standalone copy of this loop, best of
+// 12): 12 x 32 in K blocks of 128 102-111 GFLOP/s, 6 x 64 with K whole
+// (576, 1536) 132-140. At K = 8192 and 14336 (N 1024 and 512, 256 and 512
+// rows, 2 threads, in one process) K whole ran 1.54-1.68x slower than
+// blocks of 2048 (its panel, 2-3.5 MiB, no longer fits L2); blocks of 1024
+// measured 0.99-1.13x of 2048, of 512 0.94-0.95x.
 using Vec = __m512;
 constexpr int64_t kPanel = 64;   // weight rows per panel: four AVX-512 vectors of outputs
 constexpr int64_t kRows = 6;     // x rows per micro-kernel pass
-constexpr int64_t kKBlock = int64_t{1} << 40;  // past any K: one block, the chains stay in registers
+constexpr int64_t kKBlock = 2048;
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vload(const float* p) { return _mm512_load_ps(p); }
 inline Vec vloadu(const float* p) { return _mm512_loadu_ps(p); }
@@ -72,8 +77,8 @@ constexpr int64_t kLanes = sizeof(Vec) / sizeof(float);
 constexpr int64_t kMBlock = 240; // x rows per block, a multiple of kRows
 
 // c[m, 0 .. kPanel] (row stride ldc) for the kRows x rows m (row stride K)
-// over k in [k0, k1) (all of K in the avx512 build): the accumulators start
-// at 0 (kFirst) or at c, and end in c. Named accumulators: GCC kept an array of them on the stack,
+// over k in [k0, k1): the accumulators start at 0 (kFirst) or at c, and end
+// in c. Named accumulators: GCC kept an array of them on the stack,
 // storing each after every FMA (62 GFLOP/s instead of ~170 on AVX2).
 template <bool kFirst>
 void micro(const float* x, int64_t K, const float* panel, int64_t k0, int64_t k1, float* c, int64_t ldc) {

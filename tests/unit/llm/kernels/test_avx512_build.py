@@ -21,8 +21,9 @@ assert ops.kernels_loaded()
 torch.set_num_threads(2)
 g = torch.Generator().manual_seed(0)
 out = {"library": ops.loaded_library()}
-# N: whole and partial pair blocks and panels, an odd last row; K = 1536 runs in K blocks.
-for n, k in ((960, 576), (27, 576), (13, 1536), (50, 128)):
+# N: whole and partial pair blocks and panels, an odd last row; K = 1536 and 4224 run in K blocks
+# (the tiles' blocks of 512; the avx512 panels' blocks of 2048, the last one partial).
+for n, k in ((960, 576), (27, 576), (13, 1536), (50, 128), (70, 4224)):
     codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
     scale_min = ((torch.rand(n, k // 32, 2, generator=g) - 0.5) * 0.1).half()
     for m in (1, 7, 9, 13, 64, 65, 193, 241, 500):  # narrow, tiles with row tails, panels with row tails
@@ -64,7 +65,7 @@ def test_the_avx512_build_gives_the_avx2_builds_bits_and_close_attention():
     wide, narrow = _outputs("avx512"), _outputs("avx2")
     assert (wide.pop("library"), narrow.pop("library")) == ("avx512", "avx2")
     attention_wide, attention_narrow = wide.pop("attention"), narrow.pop("attention")
-    assert len(wide) == len(narrow) == 4 * (9 + 7) + 2
+    assert len(wide) == len(narrow) == 5 * (9 + 7) + 2
     for name, values in wide.items():
         assert torch.equal(values.view(torch.int32), narrow[name].view(torch.int32)), name
     torch.testing.assert_close(attention_wide, attention_narrow, rtol=1e-5, atol=1e-5)

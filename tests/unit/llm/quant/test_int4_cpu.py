@@ -287,8 +287,9 @@ def test_int8_activations_switch_fp32_inputs_to_linear_w4a8():
 @pytest.mark.parametrize("params", ["fp16", "fp32"])
 def test_prompt_sized_inputs_take_the_panels_row_independently(threads, params):
     # Above INT4_DEQUANT_MIN_ROWS rows: kiln::linear_w4_panels, one fp32 chain
-    # along K per output. 301 weight rows: a last panel of 13; 1536 inputs: six
-    # K blocks; 487 x rows: two row blocks of 240 and a tail of 7 (the six-row
+    # along K per output. 301 weight rows: a last panel of 13 (45 in the avx512
+    # build's panels of 64); 1536 inputs: six K blocks (one in the avx512
+    # build); 487 x rows: two row blocks of 240 and a tail of 7 (the six-row
     # micro-kernel's padded pass).
     layer = Int4CpuLinear.from_float(weight(), 64)
     if params == "fp32":
