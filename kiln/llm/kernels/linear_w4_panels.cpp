@@ -138,10 +138,10 @@ void widen_panel(const kiln_int4::Weight& w, const P* params, int64_t n0, int64_
 // a time (in the avx2 build a k-block of them, 60-240 KiB, stays in L2 while
 // the panel's k-blocks pass over it). A panel's outputs go straight to y, or
 // for the last panel of an N that is not a multiple of kPanel through a
-// [rows, kPanel] scratch whose first columns are copied out. The last M % kRows rows run
-// through a kRows-row scratch copy (zero rows past M; each row's chain is
-// its own, so the padding changes no output). kMBlock is a multiple of
-// kRows, so only the last block has such rows.
+// [rows, kPanel] scratch whose first columns are copied out. The last M %
+// kRows rows run through a kRows-row scratch copy (zero rows past M; each
+// row's chain is its own, so the padding changes no output). kMBlock is a
+// multiple of kRows, so only the last block has such rows.
 template <typename P>
 void run(const float* x, const kiln_int4::Weight& w, const P* params, float* y, int64_t M) {
   const int64_t K = w.K, N = w.N, panels = (N + kPanel - 1) / kPanel, full = M / kRows * kRows;

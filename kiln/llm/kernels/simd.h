@@ -118,7 +118,6 @@ inline void narrow8(c10::BFloat16* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
 
-// Eight values as fp32 lanes: fp32 as stored, 16-bit floats and int8 widened.
 // Eight rows of eight floats -> their eight columns (r[i] becomes column i).
 inline void transpose8(__m256 r[8]) {
   __m256 t[8], s[8];
@@ -138,6 +137,7 @@ inline void transpose8(__m256 r[8]) {
   }
 }
 
+// Eight values as fp32 lanes: fp32 as stored, 16-bit floats and int8 widened.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::BFloat16* p) { return widen8(p); }
 inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
