@@ -73,7 +73,7 @@ inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 #define KILN_PANEL_VECS_OF(X, m) X(m, 0) X(m, 1)
 #endif
 #define KILN_PANEL_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
-constexpr int64_t kLanes = sizeof(Vec) / sizeof(float);
+constexpr int64_t kVecLanes = sizeof(Vec) / sizeof(float);
 constexpr int64_t kMBlock = 240; // x rows per block, a multiple of kRows
 
 // c[m, 0 .. kPanel] (row stride ldc) for the kRows x rows m (row stride K)
@@ -82,10 +82,10 @@ constexpr int64_t kMBlock = 240; // x rows per block, a multiple of kRows
 // storing each after every FMA (62 GFLOP/s instead of ~170 on AVX2).
 template <bool kFirst>
 void micro(const float* x, int64_t K, const float* panel, int64_t k0, int64_t k1, float* c, int64_t ldc) {
-  // acc_m_v: x row m times panel vector v (outputs v * kLanes ..).
-#define KILN_ACC_INIT_V(m, v) Vec acc##m##_##v = kFirst ? vzero() : vloadu(c + (m) * ldc + (v) * kLanes);
+  // acc_m_v: x row m times panel vector v (outputs v * kVecLanes ..).
+#define KILN_ACC_INIT_V(m, v) Vec acc##m##_##v = kFirst ? vzero() : vloadu(c + (m) * ldc + (v) * kVecLanes);
 #define KILN_ACC_FMA_V(m, v) acc##m##_##v = vfma(xv, w##v, acc##m##_##v);
-#define KILN_ACC_STORE_V(m, v) vstoreu(c + (m) * ldc + (v) * kLanes, acc##m##_##v);
+#define KILN_ACC_STORE_V(m, v) vstoreu(c + (m) * ldc + (v) * kVecLanes, acc##m##_##v);
 #define KILN_ACC_INIT(m) KILN_PANEL_VECS_OF(KILN_ACC_INIT_V, m)
 #define KILN_ACC_FMA(m)                          \
   {                                              \
@@ -93,7 +93,7 @@ void micro(const float* x, int64_t K, const float* panel, int64_t k0, int64_t k1
     KILN_PANEL_VECS_OF(KILN_ACC_FMA_V, m)        \
   }
 #define KILN_ACC_STORE(m) KILN_PANEL_VECS_OF(KILN_ACC_STORE_V, m)
-#define KILN_LOAD_W(v) const Vec w##v = vload(panel + k * kPanel + (v) * kLanes);
+#define KILN_LOAD_W(v) const Vec w##v = vload(panel + k * kPanel + (v) * kVecLanes);
   KILN_PANEL_ROWS(KILN_ACC_INIT)
   for (int64_t k = k0; k < k1; ++k) {
     KILN_PANEL_VECS(KILN_LOAD_W)
