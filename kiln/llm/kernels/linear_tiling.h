@@ -4,9 +4,9 @@
 // which computes y[m .. m+MR, n .. n+NR], plus its tile shape:
 //   P::kWideRows, P::kWideCols   the register block for M > kNarrowMaxRows
 //   P::kSingleRowCols            weight rows per pass for M = 1
-//   P::kNarrowCols (optional)    weight rows per pass for 1 < M <= 8, where a
-//                                problem's micro-kernel works on a fixed
-//                                number of them (else narrow_cols(M))
+//   P::narrow_cols(M) (optional) weight rows per pass for 1 < M <= 8, where a
+//                                problem's micro-kernel takes other counts
+//                                than kiln_linear::narrow_cols(M)
 //   row_bytes(), x_row_bytes()   bytes of one weight row and one x row
 // Kernels<P>::run tiles and threads any of them the same way. Every output
 // must be computed by micro-kernels as the same chain of operations whatever
@@ -81,8 +81,8 @@ constexpr int narrow_cols(int m) { return m == 2 ? 4 : m == 3 ? 3 : m <= 6 ? 2 :
 
 template <typename P>
 constexpr int narrow_cols_of(int m) {
-  if constexpr (requires { P::kNarrowCols; })
-    return P::kNarrowCols;
+  if constexpr (requires { P::narrow_cols(m); })
+    return P::narrow_cols(m);
   else
     return narrow_cols(m);
 }

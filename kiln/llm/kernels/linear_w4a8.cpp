@@ -148,7 +148,8 @@ __m256 params(const P* row_i, const P* row_j, int64_t ga, int64_t gb) {
 template <typename P>
 struct W4A8Problem {
   static constexpr int kQuad = 4;
-  static constexpr int kWideRows = 4, kWideCols = kQuad, kSingleRowCols = kQuad, kNarrowCols = kQuad;
+  static constexpr int kWideRows = 4, kWideCols = kQuad, kSingleRowCols = kQuad;
+  static constexpr int narrow_cols(int) { return kQuad; }
   const QuantizedRun* x;        // [M, K / 64]
   const uint8_t* codes;         // [N, K / 2]
   const P* scale_min;           // [N, K / G, 2]
