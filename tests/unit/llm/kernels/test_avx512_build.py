@@ -1,7 +1,8 @@
 """The avx512 build (AVX-512 F/BW/VL/DQ without BF16: Skylake-SP to Ice Lake) against the avx2 build, in
 fresh processes (a process loads one build for good): its sixteen-lane int4 kernels (linear_w4's narrow
-passes and its tiles above 8 rows, linear_w4_panels for prompts) and activations give the avx2 build's bits; its sixteen-lane
-decode attention sums in another order, so it agrees within float rounding. Runs wherever the CPU has
+passes and its tiles above 8 rows, linear_w4_panels for prompts), fp32 and bf16 linears (pairs of weight
+rows) and activations give the avx2 build's bits; its sixteen-lane decode attention sums in another order,
+so it agrees within float rounding. Runs wherever the CPU has
 AVX-512 (an AVX512_BF16 or AMX CPU too: KILN_ISA=avx512 forces the build)."""
 import io
 import os
@@ -42,6 +43,14 @@ for n, k in ((27, 576), (13, 1536)):
                 x = torch.randn(m, k, generator=g)
                 out[f"linear_w4 {n}x{k} G={group} {dtype} m={m}"] = torch.ops.kiln.linear_w4(
                     x, codes, params.to(dtype), group)
+# linear_f32 and linear_bf16 (fp32 arithmetic in both builds; pairs of weight rows sixteen lanes wide in
+# the avx512 build): narrow passes, the wide block with row and column tails, a K tail.
+for n, k in ((27, 576), (50, 1540)):
+    weight = torch.randn(n, k, generator=g)
+    for m in (1, 2, 4, 8, 13, 64):
+        x = torch.randn(m, k, generator=g)
+        out[f"linear_f32 {n}x{k} m={m}"] = torch.ops.kiln.linear_f32(x, weight)
+        out[f"linear_bf16 {n}x{k} m={m}"] = torch.ops.kiln.linear_bf16(x, weight.bfloat16())
 gate_up = torch.randn(5, 2 * 1549, generator=g) * 6  # sixteen-, eight-lane and scalar parts
 out["silu_mul"] = torch.ops.kiln.silu_mul(gate_up)
 out["gelu_tanh_mul"] = torch.ops.kiln.gelu_tanh_mul(gate_up)
@@ -76,7 +85,7 @@ def test_the_avx512_build_gives_the_avx2_builds_bits_and_close_attention():
     wide, narrow = _outputs("avx512"), _outputs("avx2")
     assert (wide.pop("library"), narrow.pop("library")) == ("avx512", "avx2")
     attention_wide, attention_narrow = wide.pop("attention"), narrow.pop("attention")
-    assert len(wide) == len(narrow) == 5 * (9 + 7) + 2 * 3 * 2 * 8 + 2
+    assert len(wide) == len(narrow) == 5 * (9 + 7) + 2 * 3 * 2 * 8 + 2 * 6 * 2 + 2
     for name, values in wide.items():
         assert torch.equal(values.view(torch.int32), narrow[name].view(torch.int32)), name
     torch.testing.assert_close(attention_wide, attention_narrow, rtol=1e-5, atol=1e-5)
