@@ -19,6 +19,9 @@
 //   the step is bandwidth-bound.
 // - M > 8: 4 x rows by 3 w rows, 12 accumulators in registers, 7 loads per
 //   12 FMAs; the step is compute-bound.
+// The avx512 build runs int4, fp32 and bf16 weights in pairs of rows, each
+// pair's two eight-lane chains in one sixteen-lane vector (the same bits;
+// see DenseProblem and Int4Problem for the shapes).
 //
 // Built with -fopenmp: ATen's parallel_for is a header template that runs
 // serially when the including file is compiled without OpenMP.
@@ -88,6 +91,20 @@ inline __m512 load_pair(const c10::BFloat16* a, const c10::BFloat16* b) {
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(both), 16));
 }
+
+// sums[m][2j] and sums[m][2j + 1]: the lane sums of acc[m][j]'s low and high
+// eight lanes (the two weight rows of pair j), as kiln_linear::lane_sums sums
+// eight-lane accumulators.
+template <int MR, int NP>
+inline void pair_lane_sums(const __m512 (&acc)[MR][NP], float (&sums)[MR][2 * NP]) {
+  __m256 halves[MR][2 * NP];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NP; ++j) {
+      halves[m][2 * j] = _mm512_castps512_ps256(acc[m][j]);
+      halves[m][2 * j + 1] = _mm512_extractf32x8_ps(acc[m][j], 1);
+    }
+  kiln_linear::lane_sums<MR, 2 * NP>(halves, sums);
+}
 #endif
 
 // fp32, bf16 or int8 weight rows [N, K] (int8: scale[n] applied to the
@@ -155,14 +172,8 @@ struct DenseProblem {
         for (int j = 0; j < NP; ++j) acc[m][j] = _mm512_fmadd_ps(xv, wv[j], acc[m][j]);
       }
     }
-    __m256 halves[MR][2 * NP];
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NP; ++j) {
-        halves[m][2 * j] = _mm512_castps512_ps256(acc[m][j]);
-        halves[m][2 * j + 1] = _mm512_extractf32x8_ps(acc[m][j], 1);
-      }
     float sums[MR][2 * NP];
-    kiln_linear::lane_sums<MR, 2 * NP>(halves, sums);
+    pair_lane_sums<MR, NP>(acc, sums);
     finish<MR, 2 * NP>(sums, xr, wr, m0, n0, k);
   }
 #endif
@@ -296,11 +307,10 @@ struct Int4Problem {
         }(), ...);
       }(std::make_integer_sequence<int, 8>{});
     }
+    float sums[MR][2 * NP];
+    pair_lane_sums<MR, NP>(acc, sums);
     for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NP; ++j) {
-        y[(m0 + m) * N + n0 + 2 * j] = hsum(_mm512_castps512_ps256(acc[m][j]));
-        y[(m0 + m) * N + n0 + 2 * j + 1] = hsum(_mm512_extractf32x8_ps(acc[m][j], 1));
-      }
+      for (int n = 0; n < 2 * NP; ++n) y[(m0 + m) * N + n0 + n] = sums[m][n];
   }
 #endif
 
@@ -465,14 +475,8 @@ struct WidenedKBlocks {
       }
     }
     if (k1 == K) {
-      __m256 halves[MR][2 * NP];
-      for (int i = 0; i < MR; ++i)
-        for (int j = 0; j < NP; ++j) {
-          halves[i][2 * j] = _mm512_castps512_ps256(a[i][j]);
-          halves[i][2 * j + 1] = _mm512_extractf32x8_ps(a[i][j], 1);
-        }
       float sums[MR][2 * NP];
-      kiln_linear::lane_sums<MR, 2 * NP>(halves, sums);
+      pair_lane_sums<MR, NP>(a, sums);
       for (int i = 0; i < MR; ++i)
         for (int j = 0; j < 2 * NP; ++j) y[(m + i) * N + n + j] = sums[i][j];
       return;
