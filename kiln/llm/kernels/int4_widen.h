@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "linear_tiling.h"
+#include "parallel_chunks.h"
 
 namespace kiln_int4 {
 
@@ -114,8 +115,8 @@ inline void widen_row(const uint8_t* codes, const P* params, O* out, int64_t K, 
   }
 }
 
-// Threads split the N weight rows (in chunks of `grain`); each takes its share
-// `tile` rows at a time, widens the tile once into its own buffer of O (row by
+// Threads claim the N weight rows in chunks (guided_for, multiples of
+// `grain`); each takes its chunks `tile` rows at a time, widens the tile once into its own buffer of O (row by
 // row: widen(codes, params, out, K, G), widen_row's signature) and calls
 // use(buffer, t0, rows), which passes every x row over it. linear_w4 (fp32
 // tiles, linear_f32.cpp) and linear_w4_bf16 (bf16, linear_bf16.cpp).
@@ -134,14 +135,15 @@ void over_widened_tiles(const uint8_t* codes, const P* scale_min, int64_t K, int
                         int64_t grain, Widen widen, Use use) {
   static_assert((kiln_linear::kPrefetchPasses + 1) * 4 <= kSlackRows);
   const int64_t groups = K / G;
-  at::parallel_for(0, N, grain, [&](int64_t n_begin, int64_t n_end) {
-    std::vector<O> widened((tile + kSlackRows) * K);
-    for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
-      const int64_t rows = std::min(tile, n_end - t0);
-      for (int64_t r = 0; r < rows; ++r)
-        widen(codes + (t0 + r) * (K / 2), scale_min + (t0 + r) * groups * 2, widened.data() + r * K, K, G);
-      use(widened.data(), t0, rows);
-    }
+  kiln_parallel::guided_for(N, grain, [&] {
+    return [&, widened = std::vector<O>((tile + kSlackRows) * K)](int64_t n_begin, int64_t n_end) mutable {
+      for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
+        const int64_t rows = std::min(tile, n_end - t0);
+        for (int64_t r = 0; r < rows; ++r)
+          widen(codes + (t0 + r) * (K / 2), scale_min + (t0 + r) * groups * 2, widened.data() + r * K, K, G);
+        use(widened.data(), t0, rows);
+      }
+    };
   });
 }
 

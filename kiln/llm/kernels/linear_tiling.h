@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "parallel_chunks.h"
 #include "simd.h"
 
 namespace kiln_linear {
@@ -135,11 +136,13 @@ struct Kernels {
     // A row block is a multiple of the wide kernel's rows, or all of a small M.
     const int64_t rows =
         M <= kNarrowMaxRows ? M : std::max<int64_t>(WR, kRowBlockBytes / p.x_row_bytes() / WR * WR);
-    at::parallel_for(0, N, 4 * WC, [&](int64_t n_begin, int64_t n_end) {
-      for (int64_t m0 = 0; m0 < M; m0 += rows) {
-        const int64_t m1 = std::min(M, m0 + rows);
-        for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) block(p, m0, m1, t0, std::min(n_end, t0 + tile));
-      }
+    kiln_parallel::guided_for(N, 4 * WC, [&] {
+      return [&](int64_t n_begin, int64_t n_end) {
+        for (int64_t m0 = 0; m0 < M; m0 += rows) {
+          const int64_t m1 = std::min(M, m0 + rows);
+          for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) block(p, m0, m1, t0, std::min(n_end, t0 + tile));
+        }
+      };
     });
   }
 };

@@ -2,7 +2,7 @@
 // prompt-sized fp32 x: y[M, N] = x[M, K] @ W^T, for the rows where the int4
 // kernel's dot products (linear_w4) are compute-bound at ~100-140 GFLOP/s.
 //
-// Threads split W into panels of 16 rows (64 in the avx512 build). Each panel
+// Threads claim W's panels of 16 rows (64 in the avx512 build; guided_for). Each panel
 // is widened once per call (int4_widen.h's widen_row: the weights linear_w4
 // multiplies by) and laid out k-major, panel[k][16], then every x row passes
 // over it in a 6 x 16 outer-product micro-kernel (6 x 64 on AVX-512): per k,
@@ -28,9 +28,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "int4_widen.h"
+#include "parallel_chunks.h"
 #include "simd.h"
 
 namespace {
@@ -145,31 +147,36 @@ void widen_panel(const kiln_int4::Weight& w, const P* params, int64_t n0, int64_
 template <typename P>
 void run(const float* x, const kiln_int4::Weight& w, const P* params, float* y, int64_t M) {
   const int64_t K = w.K, N = w.N, panels = (N + kPanel - 1) / kPanel, full = M / kRows * kRows;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows(kPanel * K), scratch(kMBlock * kPanel), x_tail(kRows * K, 0.0f), c_tail(kRows * kPanel);
+  kiln_parallel::guided_for(panels, 1, [&] {
+    // This thread's buffers, for every panel it claims.
+    std::vector<float> x_tail(kRows * K, 0.0f);
     std::copy(x + full * K, x + M * K, x_tail.begin());
-    float* panel = static_cast<float*>(std::aligned_alloc(64, kPanel * K * sizeof(float)));
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-      widen_panel(w, params, n0, cols, rows, panel);
-      for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
-        const int64_t m1 = std::min(M, m0 + kMBlock), m_full = std::min(m1, full);
-        float* c = cols < kPanel ? scratch.data() : y + m0 * N + n0;  // row m0 + i at c + i * ldc
-        const int64_t ldc = cols < kPanel ? kPanel : N;
-        for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
-          const int64_t k1 = std::min(K, k0 + kKBlock);
-          const auto fn = k0 == 0 ? micro<true> : micro<false>;
-          for (int64_t m = m0; m < m_full; m += kRows) fn(x + m * K, K, panel, k0, k1, c + (m - m0) * ldc, ldc);
-          if (m_full < m1) fn(x_tail.data(), K, panel, k0, k1, c_tail.data(), kPanel);
+    return [&, rows = std::vector<float>(kPanel * K), scratch = std::vector<float>(kMBlock * kPanel),
+            x_tail = std::move(x_tail), c_tail = std::vector<float>(kRows * kPanel),
+            panel = std::unique_ptr<float, decltype(&std::free)>(
+                static_cast<float*>(std::aligned_alloc(64, kPanel * K * sizeof(float))), &std::free)](
+               int64_t begin, int64_t end) mutable {
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+        widen_panel(w, params, n0, cols, rows, panel.get());
+        for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
+          const int64_t m1 = std::min(M, m0 + kMBlock), m_full = std::min(m1, full);
+          float* c = cols < kPanel ? scratch.data() : y + m0 * N + n0;  // row m0 + i at c + i * ldc
+          const int64_t ldc = cols < kPanel ? kPanel : N;
+          for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
+            const int64_t k1 = std::min(K, k0 + kKBlock);
+            const auto fn = k0 == 0 ? micro<true> : micro<false>;
+            for (int64_t m = m0; m < m_full; m += kRows) fn(x + m * K, K, panel.get(), k0, k1, c + (m - m0) * ldc, ldc);
+            if (m_full < m1) fn(x_tail.data(), K, panel.get(), k0, k1, c_tail.data(), kPanel);
+          }
+          for (int64_t m = m_full; m < m1; ++m)
+            std::copy(c_tail.data() + (m - full) * kPanel, c_tail.data() + (m - full + 1) * kPanel, c + (m - m0) * ldc);
+          if (cols < kPanel)
+            for (int64_t m = m0; m < m1; ++m)
+              std::copy(c + (m - m0) * kPanel, c + (m - m0) * kPanel + cols, y + m * N + n0);
         }
-        for (int64_t m = m_full; m < m1; ++m)
-          std::copy(c_tail.data() + (m - full) * kPanel, c_tail.data() + (m - full + 1) * kPanel, c + (m - m0) * ldc);
-        if (cols < kPanel)
-          for (int64_t m = m0; m < m1; ++m)
-            std::copy(c + (m - m0) * kPanel, c + (m - m0) * kPanel + cols, y + m * N + n0);
       }
-    }
-    std::free(panel);
+    };
   });
 }
 

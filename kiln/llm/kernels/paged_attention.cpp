@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "parallel_chunks.h"
 #include "simd.h"
 // Sixteen lanes in both AVX-512 builds (only AVX-512F is used).
 #if defined(KILN_AVX512_BF16) || defined(KILN_AVX512)
@@ -371,7 +372,11 @@ void attend_split(const GroupKernels<KV>& k, const QueryRows<Q>& rows, const KV*
       softmax(scores.data() + offset[b] + (i % H) * ctx, ctx);
     }
   });
-  // Pass 2 items (sequence, kv head, slice of head dimensions).
+  // Pass 2 items (sequence, kv head, slice of head dimensions). Both passes
+  // keep parallel_for's equal contiguous shares (not guided_for): their items
+  // cost the same, and neighbouring slices share the value rows' cache lines,
+  // which claims would split between the threads (guided_for ran this path
+  // 1.1x slower at one sequence of 1,500 keys on Ice Lake).
   const int64_t slices = D / k.slice;
   at::parallel_for(0, B * KVH * slices, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -382,34 +387,6 @@ void attend_split(const GroupKernels<KV>& k, const QueryRows<Q>& rows, const KV*
     }
   });
   for (int64_t b = 0; b < B; ++b) rows.store(b, out32[b], 0, H * D);
-}
-
-// Work items [0, items) (item i: sequence i / per_seq) cut into at most
-// `threads` contiguous runs of about equal cost, a sequence's attended keys
-// plus kItemKeys for an item's fixed work; run r is [bounds[r], bounds[r + 1]).
-// parallel_for's equal counts of items left a thread waiting: decode rows
-// come sorted by context (runner/inputs.py), so the second half of a batch is
-// the longer one (~10% of the attention time on the offline workload's mixed
-// contexts, docs/benchmarks.md). Which thread computes an item changes no bits.
-constexpr int64_t kItemKeys = 16;
-
-std::vector<int64_t> balanced_runs(const int64_t* lens, int64_t items, int64_t per_seq, int64_t window,
-                                   int64_t threads) {
-  std::vector<int64_t> prefix(items + 1, 0);  // cost of items [0, i)
-  for (int64_t i = 0; i < items; ++i) {
-    const int64_t len = lens[i / per_seq];
-    prefix[i + 1] = prefix[i] + (window > 0 ? std::min(len, window) : len) + kItemKeys;
-  }
-  const int64_t runs = std::max<int64_t>(std::min(threads, items), 1);
-  std::vector<int64_t> bounds(runs + 1, items);
-  bounds[0] = 0;
-  for (int64_t r = 1; r < runs; ++r) {
-    const int64_t target = prefix[items] * r / runs;
-    int64_t i = std::lower_bound(prefix.begin(), prefix.end(), target) - prefix.begin();
-    if (i > 0 && target - prefix[i - 1] < prefix[i] - target) --i;  // the nearer cut
-    bounds[r] = std::max(bounds[r - 1], i);
-  }
-  return bounds;
 }
 
 template <typename KV, typename Q>
@@ -433,16 +410,21 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor&
     attend_split<KV, Q>(k, rows, kp, vp, tp, W, lp, B, H, KVH, D, block_size, window, scale, softcap);
     return;
   }
-  const std::vector<int64_t> bounds = balanced_runs(lp, items, per_head ? KVH : 1, window, threads);
-  at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t run_begin, int64_t run_end) {
-    std::vector<float> scores, q32, out32;
-    for (int64_t i = bounds[run_begin]; i < bounds[run_end]; ++i) {
-      const int64_t b = per_head ? i / KVH : i, g0 = per_head ? i % KVH : 0, g1 = per_head ? g0 + 1 : KVH;
-      const int64_t first = window > 0 ? std::max<int64_t>(lp[b] - window, 0) : 0;
-      k.attend(rows.widened(b, q32), kp, vp, tp + b * W, first, lp[b], block_size, KVH, D, g0, g1, scale, softcap,
-               scores, rows.staging(b, out32));
-      rows.store(b, out32, g0 * group * D, g1 * group * D);
-    }
+  // Claimed longest first: decode rows come sorted by context (runner/inputs.py),
+  // so items are taken from the end, and the last claims, one item each, are
+  // the shortest sequences. Which thread computes an item changes no bits.
+  kiln_parallel::guided_for(items, 1, [&] {
+    return [&, scores = std::vector<float>(), q32 = std::vector<float>(), out32 = std::vector<float>()](
+               int64_t begin, int64_t end) mutable {
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t i = items - 1 - j;
+        const int64_t b = per_head ? i / KVH : i, g0 = per_head ? i % KVH : 0, g1 = per_head ? g0 + 1 : KVH;
+        const int64_t first = window > 0 ? std::max<int64_t>(lp[b] - window, 0) : 0;
+        k.attend(rows.widened(b, q32), kp, vp, tp + b * W, first, lp[b], block_size, KVH, D, g0, g1, scale, softcap,
+                 scores, rows.staging(b, out32));
+        rows.store(b, out32, g0 * group * D, g1 * group * D);
+      }
+    };
   });
 }
 

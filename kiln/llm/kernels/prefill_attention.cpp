@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "parallel_chunks.h"
 #include "prefill_attention.h"
 #include "simd.h"
 
@@ -155,17 +156,17 @@ void attend_chunk(const Geometry& s, const at::Tensor& q, const at::Tensor& k, c
   const int64_t tiles = (s.Q + kTileRows - 1) / kTileRows;
   const T* qp = q.const_data_ptr<T>();
   T* op = out.mutable_data_ptr<T>();
-  // Later tiles see more keys: items alternate first and last tiles, so the
-  // contiguous ranges parallel_for hands the threads carry equal work.
-  at::parallel_for(0, tiles * s.KVH, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> qf, scores;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t pair = i / s.KVH, g = i % s.KVH;
-      const int64_t tile = pair % 2 == 0 ? pair / 2 : tiles - 1 - pair / 2;
-      const int64_t r0 = tile * kTileRows, r1 = std::min(r0 + kTileRows, s.Q);
-      attend_tile<T>(s, qp, q.stride(0), kt.get() + g * nb * 8 * s.D, vf.get() + g * nb * 8 * s.D, g, r0, r1, qf,
-                     scores, op);
-    }
+  // Later tiles see more keys: threads claim them last tile first
+  // (guided_for), so the last claims are the shortest.
+  kiln_parallel::guided_for(tiles * s.KVH, 1, [&] {
+    return [&, qf = std::vector<float>(), scores = std::vector<float>()](int64_t i0, int64_t i1) mutable {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t tile = tiles - 1 - i / s.KVH, g = i % s.KVH;
+        const int64_t r0 = tile * kTileRows, r1 = std::min(r0 + kTileRows, s.Q);
+        attend_tile<T>(s, qp, q.stride(0), kt.get() + g * nb * 8 * s.D, vf.get() + g * nb * 8 * s.D, g, r0, r1, qf,
+                       scores, op);
+      }
+    };
   });
 }
 

@@ -29,6 +29,7 @@
 #include <memory>
 #include <vector>
 
+#include "parallel_chunks.h"
 #include "prefill_attention.h"
 #include "simd.h"
 #include "simd512.h"
@@ -199,16 +200,16 @@ void attend_chunk(const Geometry& s, const at::Tensor& q, const at::Tensor& k, c
   const int64_t tiles = (s.Q + kTileRows - 1) / kTileRows;
   const bf16* qp = q.const_data_ptr<bf16>();
   bf16* op = out.mutable_data_ptr<bf16>();
-  // Later tiles see more keys: items alternate first and last tiles, so the
-  // contiguous ranges parallel_for hands the threads carry equal work.
-  at::parallel_for(0, tiles * s.KVH, 1, [&](int64_t i0, int64_t i1) {
-    Scratch w;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t pair = i / s.KVH, g = i % s.KVH;
-      const int64_t tile = pair % 2 == 0 ? pair / 2 : tiles - 1 - pair / 2;
-      const int64_t r0 = tile * kTileRows, r1 = std::min(r0 + kTileRows, s.Q);
-      attend_tile(s, qp, q.stride(0), keys.get() + g * key_words, values.get() + g * value_words, g, r0, r1, w, op);
-    }
+  // Later tiles see more keys: threads claim them last tile first
+  // (guided_for), so the last claims are the shortest.
+  kiln_parallel::guided_for(tiles * s.KVH, 1, [&] {
+    return [&, w = Scratch()](int64_t i0, int64_t i1) mutable {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t tile = tiles - 1 - i / s.KVH, g = i % s.KVH;
+        const int64_t r0 = tile * kTileRows, r1 = std::min(r0 + kTileRows, s.Q);
+        attend_tile(s, qp, q.stride(0), keys.get() + g * key_words, values.get() + g * value_words, g, r0, r1, w, op);
+      }
+    };
   });
 }
 
