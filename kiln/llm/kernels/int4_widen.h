@@ -116,10 +116,11 @@ inline void widen_row(const uint8_t* codes, const P* params, O* out, int64_t K, 
 }
 
 // Threads claim the N weight rows in chunks (guided_for, multiples of
-// `grain`); each takes its chunks `tile` rows at a time, widens the tile once into its own buffer of O (row by
-// row: widen(codes, params, out, K, G), widen_row's signature) and calls
-// use(buffer, t0, rows), which passes every x row over it. linear_w4 (fp32
-// tiles, linear_f32.cpp) and linear_w4_bf16 (bf16, linear_bf16.cpp).
+// `grain`); each takes its chunks `tile` rows at a time, widens the tile once
+// into its own buffer of O (row by row: widen(codes, params, out, K, G),
+// widen_row's signature) and calls use(buffer, t0, rows), which passes every
+// x row over it. linear_w4 (fp32 tiles, linear_f32.cpp) and linear_w4_bf16
+// (bf16, linear_bf16.cpp).
 //
 // The buffer has kSlackRows rows more than a tile: the micro-kernels that pass
 // over it prefetch weight rows ahead of those they multiply, up to

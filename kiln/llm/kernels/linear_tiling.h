@@ -21,7 +21,8 @@
 //   row, M = 2 ran at 2.4x M = 1's time on Zen 3 (half the chains idle).
 // - M > 8: the wide register block; the step is compute-bound.
 // Weight rows are taken in tiles that stay in L2 while every group of x rows
-// passes over them; x is taken in L2-sized row blocks. Threads split N.
+// passes over them; x is taken in L2-sized row blocks. Threads claim chunks
+// of N (guided_for).
 #pragma once
 #include <ATen/Parallel.h>
 #include <immintrin.h>

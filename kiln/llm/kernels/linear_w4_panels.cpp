@@ -2,16 +2,17 @@
 // prompt-sized fp32 x: y[M, N] = x[M, K] @ W^T, for the rows where the int4
 // kernel's dot products (linear_w4) are compute-bound at ~100-140 GFLOP/s.
 //
-// Threads claim W's panels of 16 rows (64 in the avx512 build; guided_for). Each panel
-// is widened once per call (int4_widen.h's widen_row: the weights linear_w4
-// multiplies by) and laid out k-major, panel[k][16], then every x row passes
-// over it in a 6 x 16 outer-product micro-kernel (6 x 64 on AVX-512): per k,
-// two (four) panel vectors, six broadcasts of x and twelve (24) FMAs, the
-// accumulators never summed across lanes. The avx2 build takes K in blocks
-// of kKBlock so that a panel's block (16 KiB) stays in L1 while the x rows
-// stream by; between blocks the accumulators go through y (or a scratch)
-// and come back. The avx512 build takes K in blocks of 2048 (a block of its
-// panel, 512 KiB, streams from L2; SmolLM2's K is one block).
+// Threads claim W's panels of 16 rows (64 in the avx512 build) in turn
+// (guided_for). Each panel is widened once per call (int4_widen.h's
+// widen_row: the weights linear_w4 multiplies by) and laid out k-major,
+// panel[k][16], then every x row passes over it in a 6 x 16 outer-product
+// micro-kernel (6 x 64 on AVX-512): per k, two (four) panel vectors, six
+// broadcasts of x and twelve (24) FMAs, the accumulators never summed across
+// lanes. The avx2 build takes K in blocks of kKBlock so that a panel's block
+// (16 KiB) stays in L1 while the x rows stream by; between blocks the
+// accumulators go through y (or a scratch) and come back. The avx512 build
+// takes K in blocks of 2048 (a block of its panel, 512 KiB, streams from L2;
+// SmolLM2's K is one block).
 //
 // Every output is one chain, y[m, n] = fma(x[m, k], w[n, k], y) for k = 0, 1,
 // ... K-1 from 0, in fp32: storing and reloading an fp32 accumulator is exact,

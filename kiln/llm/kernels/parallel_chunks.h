@@ -3,8 +3,9 @@
 // at::parallel_for gives each thread an equal share up front, so a step's
 // slowest thread sets its time: a worker that wakes late from its sleep
 // between calls, or a vCPU the host takes away for a while, leaves the other
-// thread waiting at the join (an offline run's py-spy profile on Ice Lake
-// showed the calling thread waiting there ~11% of its time in linear_w4).
+// thread waiting at the join (an offline run's py-spy profile on Ice Lake:
+// the calling thread in libgomp's fork and join around linear_w4 ~7% of its
+// samples).
 // guided_for hands out [0, n) in chunks the threads claim in turn: each
 // claim takes a share of what is left (half of it split between the
 // threads, so the first chunks are long and the last ones `grain`), and a
