@@ -120,6 +120,67 @@ inline void score_run(const float* qg, const KV* key, int64_t key_stride, int64_
   }
 }
 
+#ifdef KILN_ATTEND_LANES16
+// The lane sums of R = 4 or 8 vectors at once, lane r = reduce16(v[r]) bit
+// for bit: the same pairs added in the same order (lanes i + i+8, then
+// i + i+4, i + i+2, i + i+1), R vectors per instruction instead of one. With
+// a head dimension of 64, a score is four FMAs; reduce16's seven dependent
+// instructions per score were most of pass 1.
+template <int R>
+inline void store_sums(const __m512 (&v)[R], float scale, float* out) {
+  static_assert(R == 4 || R == 8);
+  __m512 halves[R / 2];  // pair p: [a.q0 + a.q2, a.q1 + a.q3, b.q0 + b.q2, b.q1 + b.q3] (128-bit quarters)
+  for (int p = 0; p < R / 2; ++p)
+    halves[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 quarters[R / 4];  // quarter k: vector 4j + k's four partial sums
+  for (int j = 0; j < R / 4; ++j)
+    quarters[j] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * j], halves[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_f32x4(halves[2 * j], halves[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 lo = quarters[0], hi = R == 8 ? quarters[R / 4 - 1] : quarters[0];
+  // Quarter k: [c_k0, c_k1, c_{k+4}0, c_{k+4}1] with c_r0 = b_r0 + b_r2, c_r1 = b_r1 + b_r3.
+  const __m512 pairs = _mm512_add_ps(_mm512_shuffle_ps(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 sums = _mm512_add_ps(pairs, _mm512_movehdup_ps(pairs));  // vector k at lane 4k, k + 4 at 4k + 2
+  const __m512 ordered = _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 10, 6, 2, 12, 8, 4, 0),
+                                               _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+  if constexpr (R == 8)
+    _mm256_storeu_ps(out, _mm512_castps512_ps256(ordered));
+  else
+    _mm_storeu_ps(out, _mm512_castps512_ps128(ordered));
+}
+
+// Keys scored at once with the summing above: G x R accumulators, G query
+// vectors and a key vector within the 32 registers.
+template <int G>
+constexpr int kTreeKeys = G <= 3 ? 8 : G <= 6 ? 4 : 0;
+
+// score_run's scores for R consecutive keys and kv head g's G query heads,
+// the lanes summed R at a time: the same FMA chains and sums, so the same bits.
+template <int G, int R, typename KV>
+inline void score_tree(const float* qg, const KV* key, int64_t key_stride, int64_t D, float scale, float softcap,
+                       float* out, int64_t ctx) {
+  using V = Lanes16;
+  __m512 dots[G][R];
+  for (int j = 0; j < G; ++j)
+    for (int r = 0; r < R; ++r) dots[j][r] = V::zero();
+  for (int64_t d = 0; d < D; d += 16) {
+    __m512 qv[G];
+    for (int j = 0; j < G; ++j) qv[j] = V::load(qg + j * D + d);
+    for (int r = 0; r < R; ++r) {
+      const __m512 kv = V::load(key + r * key_stride + d);
+      for (int j = 0; j < G; ++j) dots[j][r] = V::fma(qv[j], kv, dots[j][r]);
+    }
+  }
+  for (int j = 0; j < G; ++j) {
+    float* row = out + j * ctx;
+    store_sums<R>(dots[j], scale, row);
+    if (softcap > 0)
+      for (int r = 0; r < R; ++r) row[r] = std::tanh(row[r] / softcap) * softcap;
+  }
+}
+#endif
+
 // Pass 1 of a work item: sequence b's keys [t_begin, t_end) (within its
 // context first..end-1) against the G query heads of each kv head in
 // [g0, g1), in slot order (each slot's heads are contiguous; one kv head:
@@ -148,6 +209,17 @@ void score_keys(const float* q, const KV* kp, const KV* vp, const int64_t* table
       }
     };
     int64_t i = std::max<int64_t>(t_begin - t0, 0);
+#ifdef KILN_ATTEND_LANES16
+    if constexpr (std::is_same_v<V, Lanes16> && kTreeKeys<G> > 0) {
+      constexpr int R = kTreeKeys<G>;
+      for (; i + R <= n; i += R) {
+        for (int r = 0; r < R; ++r) prefetch(i + r);
+        for (int64_t g = g0; g < g1; ++g)
+          score_tree<G, R, KV>(q + g * G * D, kp + ((base + i) * KVH + g) * D, KVH * D, D, scale, softcap,
+                               scores + (g - g0) * G * ctx + t0 + i - first, ctx);
+      }
+    }
+#endif
     for (; g1 - g0 == 1 && i + K <= n; i += K) {
       for (int k = 0; k < K; ++k) prefetch(i + k);
       score_run<G, K, V, KV>(q + g0 * G * D, kp + ((base + i) * KVH + g0) * D, KVH * D, D, scale, softcap,

@@ -11,14 +11,17 @@
 // at 40-55 GFLOP/s on two Zen 4 cores, a seventh of what the projections
 // around it reach: in a bf16 offline run it was 29% of prefill time. Here
 // the work is register-tiled instead:
-//   1. keys are widened and transposed once per call into 8-key blocks
-//      ([D][8] floats), values widened into [L][D] rows;
+//   1. keys are widened and transposed once per call into rows of 16 keys
+//      ([D][16] floats), values widened into [L][D] rows;
 //   2. a work item is 16 query rows of one kv head (all G query heads of it):
 //      scores for 6 query vectors x 16 keys per pass (12 accumulators, two
 //      key vectors, query elements broadcast), each row's softmax over its
 //      visible keys (the decode kernel's softmax), then 6 query vectors x 16
 //      head dims of output per pass over the values.
-// Every FMA does 8 useful products, with no horizontal sums. Results agree
+// Every FMA does 8 useful products (16 in both AVX-512 builds, which pass
+// over 32 keys and 32 head dims at a time), with no horizontal sums: every
+// score is one chain of FMAs over the head dims, every output one over the
+// keys, so the vector width changes no bits. Results agree
 // with SDPA to float rounding (a different summation order); a row's result
 // depends only on its own keys, never on the thread split.
 #include <ATen/ATen.h>
@@ -35,6 +38,10 @@
 #include "parallel_chunks.h"
 #include "prefill_attention.h"
 #include "simd.h"
+// Sixteen-lane passes in both AVX-512 builds (AVX-512F only).
+#if KILN_AVX512 || KILN_AVX512_BF16
+#define KILN_PREFILL_LANES16 1
+#endif
 
 namespace {
 
@@ -49,30 +56,96 @@ constexpr int64_t kValueVecs = 6;   // query vectors weighted per pass: 6 x 2 ac
 
 using kiln_prefill::Geometry;
 
-int64_t key_blocks(const Geometry& s) { return (s.L + 15) / 16 * 2; }  // 8-key blocks, an even count
+// Keys scored per pass (two key vectors: 16 keys in the AVX2 build, 32 with
+// sixteen lanes) and head dimensions weighed per pass (two value vectors).
+#ifdef KILN_PREFILL_LANES16
+constexpr int64_t kPassKeys = 32, kPassDims = 32;
+#else
+constexpr int64_t kPassKeys = 16, kPassDims = 16;
+#endif
 
-// Keys of kv head g, block b (keys 8b..8b+7, zeros past L) -> kt[D][8]; values -> vf[L][D] rows, fp32.
+// 8-key blocks of a kv head, a whole number of passes.
+int64_t key_blocks(const Geometry& s) { return (s.L + kPassKeys - 1) / kPassKeys * (kPassKeys / 8); }
+
+// Keys of kv head g, block b (keys 8b..8b+7, zeros past L) into the kv head's
+// transposed keys kt; values -> vf[L][D] rows, fp32. Blocks b and b + 1 (b
+// even) share [D][16] rows: lanes 0-7 block b's keys, 8-15 block b + 1's
+// (one 16-lane vector, or the AVX2 build's two 8-lane ones, per head dim).
 template <typename T>
 void widen_block(const Geometry& s, const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t g, int64_t b,
                  float* kt, float* vf) {
   const int64_t t0 = b * 8, n = std::min<int64_t>(8, s.L - t0);
+  float* pair = kt + (b / 2) * s.D * 16 + (b % 2) * 8;
   for (int64_t d = 0; d < s.D; d += 8) {
     __m256 r[8];
     for (int64_t j = 0; j < 8; ++j) r[j] = j < n ? load8(k + (t0 + j) * k_stride + g * s.D + d) : _mm256_setzero_ps();
     transpose8(r);
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(kt + (d + i) * 8, r[i]);
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(pair + (d + i) * 16, r[i]);
   }
   for (int64_t j = 0; j < n; ++j)
     for (int64_t d = 0; d < s.D; d += 8) _mm256_storeu_ps(vf + (t0 + j) * s.D + d, load8(v + (t0 + j) * v_stride + g * s.D + d));
 }
 
-// scores[i][0..16) = scale * (q_i . key) for kScoreVecs query vectors q (rows of D floats) and two 8-key
-// blocks (kt, kt + 8 D): per head dim, two key loads and kScoreVecs broadcasts feed 2 kScoreVecs FMAs.
+#ifdef KILN_PREFILL_LANES16
+// As below, sixteen lanes: two 16-key rows (kt, kt + 16 D), 32 keys a pass.
+inline void score_blocks(const float* q, const float* kt, int64_t D, float scale, float* scores, int64_t score_stride) {
+  __m512 acc[kScoreVecs][2];
+  for (int64_t i = 0; i < kScoreVecs; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    const __m512 key0 = _mm512_loadu_ps(kt + d * 16), key1 = _mm512_loadu_ps(kt + (D + d) * 16);
+    for (int64_t i = 0; i < kScoreVecs; ++i) {
+      const __m512 qv = _mm512_set1_ps(q[i * D + d]);
+      acc[i][0] = _mm512_fmadd_ps(qv, key0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(qv, key1, acc[i][1]);
+    }
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < kScoreVecs; ++i) {
+    _mm512_storeu_ps(scores + i * score_stride, _mm512_mul_ps(acc[i][0], vscale));
+    _mm512_storeu_ps(scores + i * score_stride + 16, _mm512_mul_ps(acc[i][1], vscale));
+  }
+}
+
+// As below, sixteen lanes: head dims [d, d + 16 NV) of vf rows (NV = 1 for
+// the last 16 of a D that is an odd multiple of 16).
+template <int NV>
+inline void weigh_values(const float* p, int64_t p_stride, const float* vf, int64_t D, int64_t n, __m512 acc[][2]) {
+  for (int64_t i = 0; i < kValueVecs; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; ++c) {
+    __m512 v[NV];
+    for (int j = 0; j < NV; ++j) v[j] = _mm512_loadu_ps(vf + c * D + 16 * j);
+    for (int64_t i = 0; i < kValueVecs; ++i) {
+      const __m512 w = _mm512_set1_ps(p[i * p_stride + c]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(w, v[j], acc[i][j]);
+    }
+  }
+}
+inline void weigh_pass(const float* p, int64_t p_stride, const float* vf, int64_t D, int64_t d, int64_t n,
+                       __m512 acc[][2]) {
+  if (d + 32 <= D)
+    weigh_values<2>(p, p_stride, vf + d, D, n, acc);
+  else
+    weigh_values<1>(p, p_stride, vf + d, D, n, acc);
+}
+
+using PassVec = __m512;
+inline void store_pass(float* o, __m512 v) { _mm512_storeu_ps(o, v); }
+template <typename T>
+inline void store_pass(T* o, __m512 v) {
+  store8f(o, _mm512_castps512_ps256(v));
+  store8f(o + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+#else
+// scores[i][0..16) = scale * (q_i . key) for kScoreVecs query vectors q (rows of D floats) and the 16
+// keys of a [D][16] row pair (kt): per head dim, two key loads and kScoreVecs broadcasts feed 2 kScoreVecs
+// FMAs. Each score is one chain of FMAs over the head dims in order, whatever the vector width (the
+// sixteen-lane build's scores are these bits).
 inline void score_blocks(const float* q, const float* kt, int64_t D, float scale, float* scores, int64_t score_stride) {
   __m256 acc[kScoreVecs][2];
   for (int64_t i = 0; i < kScoreVecs; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t d = 0; d < D; ++d) {
-    const __m256 key0 = _mm256_loadu_ps(kt + d * 8), key1 = _mm256_loadu_ps(kt + (D + d) * 8);
+    const __m256 key0 = _mm256_loadu_ps(kt + d * 16), key1 = _mm256_loadu_ps(kt + d * 16 + 8);
     for (int64_t i = 0; i < kScoreVecs; ++i) {
       const __m256 qv = _mm256_set1_ps(q[i * D + d]);
       acc[i][0] = _mm256_fmadd_ps(qv, key0, acc[i][0]);
@@ -99,12 +172,24 @@ inline void weigh_values(const float* p, int64_t p_stride, const float* vf, int6
   }
 }
 
+inline void weigh_pass(const float* p, int64_t p_stride, const float* vf, int64_t D, int64_t d, int64_t n,
+                       __m256 acc[][2]) {
+  weigh_values(p, p_stride, vf + d, D, n, acc);
+}
+
+using PassVec = __m256;
+template <typename T>
+inline void store_pass(T* o, __m256 v) { store8f(o, v); }
+#endif
+
 // Query rows [r0, r1) of kv head g (query vector i = (r - r0) * G + j is head g * G + j of row r).
 template <typename T>
 void attend_tile(const Geometry& s, const T* q, int64_t q_stride, const float* kt, const float* vf, int64_t g,
                  int64_t r0, int64_t r1, std::vector<float>& qf, std::vector<float>& scores, T* out) {
   const int64_t nv = (r1 - r0) * s.G, nvp = (nv + kScoreVecs - 1) / kScoreVecs * kScoreVecs;
-  const int64_t b0 = s.first_key(r0) / 16 * 2, b1 = (s.end_key(r1 - 1) + 15) / 16 * 2;  // pairs of 8-key blocks
+  constexpr int64_t pass_blocks = kPassKeys / 8;  // 8-key blocks scored per pass
+  const int64_t b0 = s.first_key(r0) / kPassKeys * pass_blocks;
+  const int64_t b1 = (s.end_key(r1 - 1) + kPassKeys - 1) / kPassKeys * pass_blocks;
   const int64_t k0 = b0 * 8, cols = (b1 - b0) * 8;  // score column c is key k0 + c
   qf.assign(nvp * s.D, 0.0f);
   for (int64_t i = 0; i < nv; ++i) {
@@ -112,7 +197,7 @@ void attend_tile(const Geometry& s, const T* q, int64_t q_stride, const float* k
     for (int64_t d = 0; d < s.D; d += 8) _mm256_storeu_ps(qf.data() + i * s.D + d, load8(qi + d));
   }
   scores.resize(nvp * cols);
-  for (int64_t b = b0; b < b1; b += 2)
+  for (int64_t b = b0; b < b1; b += pass_blocks)
     for (int64_t i = 0; i < nvp; i += kScoreVecs)
       score_blocks(qf.data() + i * s.D, kt + b * s.D * 8, s.D, s.scale, scores.data() + i * cols + (b - b0) * 8, cols);
   for (int64_t i = 0; i < nvp; ++i) {  // each row's softmax over its visible keys; zero weight elsewhere
@@ -127,13 +212,13 @@ void attend_tile(const Geometry& s, const T* q, int64_t q_stride, const float* k
   }
   const int64_t n = s.end_key(r1 - 1) - k0;
   for (int64_t i0 = 0; i0 < nv; i0 += kValueVecs)
-    for (int64_t d = 0; d < s.D; d += 16) {
-      __m256 acc[kValueVecs][2];
-      weigh_values(scores.data() + i0 * cols, cols, vf + k0 * s.D + d, s.D, n, acc);
+    for (int64_t d = 0; d < s.D; d += kPassDims) {  // D % 16 == 0: a last pass of 16 dims has one vector
+      PassVec acc[kValueVecs][2];
+      weigh_pass(scores.data() + i0 * cols, cols, vf + k0 * s.D, s.D, d, n, acc);
       for (int64_t i = i0; i < std::min(i0 + kValueVecs, nv); ++i) {
         T* o = out + ((r0 + i / s.G) * s.H + g * s.G + i % s.G) * s.D + d;
-        store8f(o, acc[i - i0][0]);
-        store8f(o + 8, acc[i - i0][1]);
+        store_pass(o, acc[i - i0][0]);
+        if (d + kPassDims <= s.D) store_pass(o + kPassDims / 2, acc[i - i0][1]);
       }
     }
 }
@@ -149,7 +234,7 @@ void attend_chunk(const Geometry& s, const at::Tensor& q, const at::Tensor& k, c
   at::parallel_for(0, s.KVH * nb, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t g = i / nb, b = i % nb;
-      widen_block(s, kp, k.stride(0), vp, v.stride(0), g, b, kt.get() + (g * nb + b) * 8 * s.D,
+      widen_block(s, kp, k.stride(0), vp, v.stride(0), g, b, kt.get() + g * nb * 8 * s.D,
                   vf.get() + g * nb * 8 * s.D);
     }
   });

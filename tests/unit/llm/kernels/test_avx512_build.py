@@ -1,8 +1,8 @@
 """The avx512 build (AVX-512 F/BW/VL/DQ without BF16: Skylake-SP to Ice Lake) against the avx2 build, in
 fresh processes (a process loads one build for good): its sixteen-lane int4 kernels (linear_w4's narrow
 passes and its tiles above 8 rows, linear_w4_panels for prompts), fp32 and bf16 linears (pairs of weight
-rows) and activations give the avx2 build's bits; its sixteen-lane decode attention sums in another order,
-so it agrees within float rounding. Runs wherever the CPU has
+rows), activations and prefill attention give the avx2 build's bits; its sixteen-lane decode attention
+sums in another order, so it agrees within float rounding. Runs wherever the CPU has
 AVX-512 (an AVX512_BF16 or AMX CPU too: KILN_ISA=avx512 forces the build)."""
 import io
 import os
@@ -54,6 +54,14 @@ for n, k in ((27, 576), (50, 1540)):
 gate_up = torch.randn(5, 2 * 1549, generator=g) * 6  # sixteen-, eight-lane and scalar parts
 out["silu_mul"] = torch.ops.kiln.silu_mul(gate_up)
 out["gelu_tanh_mul"] = torch.ops.kiln.gelu_tanh_mul(gate_up)
+# Prefill attention: the avx512 build passes over 32 keys and 32 head dims (16 where D is an odd multiple of
+# 16), the avx2 build 16 and 16; the same chains. (Q, L, heads, kv heads, D, window, softcap, dtype).
+for shape in ((70, 70, 9, 3, 64, 0, 0.0, torch.float32), (40, 150, 8, 2, 80, 0, 0.0, torch.float32),
+              (33, 33, 4, 4, 48, 10, 30.0, torch.float32), (50, 90, 6, 2, 64, 0, 0.0, torch.float16)):
+    n_q, n_k, heads, kv_heads, dim, window, softcap, dtype = shape
+    rows = ((n_q, heads), (n_k, kv_heads), (n_k, kv_heads))
+    q, k, v = (torch.randn(n, h, dim, generator=g).to(dtype) for n, h in rows)
+    out[f"prefill_attention {shape}"] = torch.ops.kiln.prefill_attention(q, k, v, dim ** -0.5, window, softcap)
 block, heads, kv_heads, dim = 16, 9, 3, 64
 k_pool = torch.randn(40 * block, kv_heads, dim, generator=g).half()
 v_pool = torch.randn(40 * block, kv_heads, dim, generator=g).half()
@@ -85,7 +93,7 @@ def test_the_avx512_build_gives_the_avx2_builds_bits_and_close_attention():
     wide, narrow = _outputs("avx512"), _outputs("avx2")
     assert (wide.pop("library"), narrow.pop("library")) == ("avx512", "avx2")
     attention_wide, attention_narrow = wide.pop("attention"), narrow.pop("attention")
-    assert len(wide) == len(narrow) == 5 * (9 + 7) + 2 * 3 * 2 * 8 + 2 * 6 * 2 + 2
+    assert len(wide) == len(narrow) == 5 * (9 + 7) + 2 * 3 * 2 * 8 + 2 * 6 * 2 + 2 + 4
     for name, values in wide.items():
         assert torch.equal(values.view(torch.int32), narrow[name].view(torch.int32)), name
     torch.testing.assert_close(attention_wide, attention_narrow, rtol=1e-5, atol=1e-5)
