@@ -194,3 +194,40 @@ def test_runs_of_keys_scored_together_keep_each_scores_bits(two_threads, heads, 
             assert torch.equal(alone, full[b:b + 1])
         if window == 0:
             torch.testing.assert_close(full, reference(q, k_pool, v_pool, tables, lens_t), rtol=1e-5, atol=1e-5)
+
+
+def paged(keys, values, block_size, seed):
+    """keys, values [L, KVH, D] of one sequence laid out in a pool of blocks of
+    `block_size` slots in a random order: (k_pool, v_pool, table [1, blocks])."""
+    blocks = -(-keys.shape[0] // block_size)
+    order = torch.randperm(blocks + 3, generator=torch.Generator().manual_seed(seed))[:blocks]
+    k_pool = torch.zeros((blocks + 3) * block_size, *keys.shape[1:], dtype=keys.dtype)
+    v_pool = torch.zeros_like(k_pool)
+    for i, block in enumerate(order.tolist()):
+        rows = slice(i * block_size, min((i + 1) * block_size, keys.shape[0]))
+        n = rows.stop - rows.start
+        k_pool[block * block_size:block * block_size + n] = keys[rows]
+        v_pool[block * block_size:block * block_size + n] = values[rows]
+    return k_pool, v_pool, order.view(1, -1)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 2), (14, 2)])  # scores summed 8, 4 and 1 at a time
+@pytest.mark.parametrize("length", [29, 61])
+def test_the_block_size_changes_no_bits(heads, kv_heads, length):
+    # Where a block starts decides which keys are summed together (runs of 8
+    # or 4 from a block's start, one at a time in its tail): blocks of 16 and
+    # 12 slots put keys 8-11 in a run and alone. Each score is one chain of
+    # FMAs with its lanes summed in one fixed order either way: equal bits.
+    g = torch.Generator().manual_seed(heads + length)
+    keys = torch.randn(length, kv_heads, 64, generator=g).half()
+    values = torch.randn(length, kv_heads, 64, generator=g).half()
+    q = torch.randn(1, heads, 64, generator=g) * 3
+    lens = torch.tensor([length])
+    outs = []
+    for block_size in (16, 12, 8):
+        k_pool, v_pool, table = paged(keys, values, block_size, seed=block_size)
+        outs.append(ops.paged_decode_attention(q, k_pool, v_pool, table, lens, block_size))
+        batch = ops.paged_decode_attention(q.repeat(2, 1, 1), k_pool, v_pool, table.repeat(2, 1), lens.repeat(2),
+                                           block_size)  # items of all kv heads
+        assert torch.equal(batch[:1], outs[-1]) and torch.equal(batch[1:], outs[-1])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
