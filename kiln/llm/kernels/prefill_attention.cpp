@@ -51,8 +51,14 @@ using kiln_simd::store8f;
 using kiln_simd::transpose8;
 
 constexpr int64_t kTileRows = 16;  // query rows per work item
+#if KILN_AVX512 || KILN_AVX512_BF16
+// 32 registers: 12 x 2 accumulators + 2 keys (values) + a broadcast.
+constexpr int64_t kScoreVecs = 12;
+constexpr int64_t kValueVecs = 12;
+#else
 constexpr int64_t kScoreVecs = 6;  // query vectors scored per pass: 6 x 2 accumulators + 2 keys + broadcast
 constexpr int64_t kValueVecs = 6;   // query vectors weighted per pass: 6 x 2 accumulators + 2 values + 1 weight
+#endif
 
 using kiln_prefill::Geometry;
 
