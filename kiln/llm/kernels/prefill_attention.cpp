@@ -52,25 +52,44 @@ using kiln_simd::softmax;
 using kiln_simd::store8f;
 using kiln_simd::transpose8;
 
-constexpr int64_t kTileRows = 16;  // query rows per work item
-#if KILN_AVX512 || KILN_AVX512_BF16
-// 32 registers: 12 x 2 accumulators + 2 keys (values) + a broadcast.
-constexpr int64_t kScoreVecs = 12;
-constexpr int64_t kValueVecs = 12;
-#else
-constexpr int64_t kScoreVecs = 6;  // query vectors scored per pass: 6 x 2 accumulators + 2 keys + broadcast
-constexpr int64_t kValueVecs = 6;   // query vectors weighted per pass: 6 x 2 accumulators + 2 values + 1 weight
-#endif
-
 using kiln_prefill::Geometry;
 
-// Keys scored per pass (two key vectors: 16 keys in the AVX2 build, 32 with
-// sixteen lanes) and head dimensions weighed per pass (two value vectors).
+// The vector a pass computes on: kLanes fp32 lanes (8, or 16 in both AVX-512 builds). (A struct: the
+// unity build shares one anonymous namespace between the kernel files.)
+struct PassLanes {
 #ifdef KILN_PREFILL_LANES16
-constexpr int64_t kPassKeys = 32, kPassDims = 32;
+  using Vec = __m512;
+  static constexpr int64_t kLanes = 16;
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec set1(float x) { return _mm512_set1_ps(x); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static void store(float* o, Vec v) { _mm512_storeu_ps(o, v); }
+  template <typename T>
+  static void store(T* o, Vec v) {  // 16-bit outputs: each half rounded once
+    store8f(o, _mm512_castps512_ps256(v));
+    store8f(o + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  }
 #else
-constexpr int64_t kPassKeys = 16, kPassDims = 16;
+  using Vec = __m256;
+  static constexpr int64_t kLanes = 8;
+  static Vec zero() { return _mm256_setzero_ps(); }
+  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static Vec set1(float x) { return _mm256_set1_ps(x); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  template <typename T>
+  static void store(T* o, Vec v) { store8f(o, v); }
 #endif
+};
+constexpr int64_t kTileRows = 16;  // query rows per work item
+// Query vectors per pass: kScoreVecs x 2 accumulators + 2 key (value) vectors + a broadcast fill the
+// registers (16 in the AVX2 build, 32 with AVX-512).
+constexpr int64_t kScoreVecs = PassLanes::kLanes == 16 ? 12 : 6;
+constexpr int64_t kValueVecs = kScoreVecs;
+// Keys scored and head dimensions weighed per pass: two vectors.
+constexpr int64_t kPassKeys = 2 * PassLanes::kLanes, kPassDims = 2 * PassLanes::kLanes;
 
 // 8-key blocks of a kv head, a whole number of passes.
 int64_t key_blocks(const Geometry& s) { return (s.L + kPassKeys - 1) / kPassKeys * (kPassKeys / 8); }
@@ -94,101 +113,59 @@ void widen_block(const Geometry& s, const T* k, int64_t k_stride, const T* v, in
     for (int64_t d = 0; d < s.D; d += 8) _mm256_storeu_ps(vf + (t0 + j) * s.D + d, load8(v + (t0 + j) * v_stride + g * s.D + d));
 }
 
-#ifdef KILN_PREFILL_LANES16
-// As below, sixteen lanes: two 16-key rows (kt, kt + 16 D), 32 keys a pass.
+// Key vector j (keys j kLanes ..) of a pass at head dim d: keys lie in [D][16]
+// rows of 16 (kt: the pass's first row), so an 8-lane vector is half a row.
+inline const float* pass_keys(const float* kt, int64_t j, int64_t d, int64_t D) {
+  constexpr int64_t lanes = PassLanes::kLanes;
+  return kt + (j * lanes / 16) * D * 16 + d * 16 + j * lanes % 16;
+}
+
+// scores[i][0..kPassKeys) = scale * (q_i . key) for kScoreVecs query vectors q (rows of D floats) and a
+// pass's keys (kt): per head dim, two key loads and kScoreVecs broadcasts feed 2 kScoreVecs FMAs. Each
+// score is one chain of FMAs over the head dims in order, whatever the vector width.
 inline void score_blocks(const float* q, const float* kt, int64_t D, float scale, float* scores, int64_t score_stride) {
-  __m512 acc[kScoreVecs][2];
-  for (int64_t i = 0; i < kScoreVecs; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  using V = PassLanes;
+  V::Vec acc[kScoreVecs][2];
+  for (int64_t i = 0; i < kScoreVecs; ++i) acc[i][0] = acc[i][1] = V::zero();
   for (int64_t d = 0; d < D; ++d) {
-    const __m512 key0 = _mm512_loadu_ps(kt + d * 16), key1 = _mm512_loadu_ps(kt + (D + d) * 16);
+    const V::Vec key0 = V::load(pass_keys(kt, 0, d, D)), key1 = V::load(pass_keys(kt, 1, d, D));
     for (int64_t i = 0; i < kScoreVecs; ++i) {
-      const __m512 qv = _mm512_set1_ps(q[i * D + d]);
-      acc[i][0] = _mm512_fmadd_ps(qv, key0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(qv, key1, acc[i][1]);
+      const V::Vec qv = V::set1(q[i * D + d]);
+      acc[i][0] = V::fma(qv, key0, acc[i][0]);
+      acc[i][1] = V::fma(qv, key1, acc[i][1]);
     }
   }
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int64_t i = 0; i < kScoreVecs; ++i) {
-    _mm512_storeu_ps(scores + i * score_stride, _mm512_mul_ps(acc[i][0], vscale));
-    _mm512_storeu_ps(scores + i * score_stride + 16, _mm512_mul_ps(acc[i][1], vscale));
+  const V::Vec vscale = V::set1(scale);
+  for (int64_t i = 0; i < kScoreVecs; ++i)
+    for (int j = 0; j < 2; ++j) V::store(scores + i * score_stride + j * V::kLanes, V::mul(acc[i][j], vscale));
+}
+
+// out_i[0..NV kLanes) = sum_c p_i[c] * vf[c][0..NV kLanes) for kValueVecs weight rows p (stride
+// p_stride) over n keys: each output one chain of FMAs over the keys in order.
+template <int NV>
+inline void weigh_values(const float* p, int64_t p_stride, const float* vf, int64_t D, int64_t n,
+                         PassLanes::Vec acc[][2]) {
+  using V = PassLanes;
+  for (int64_t i = 0; i < kValueVecs; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
+  for (int64_t c = 0; c < n; ++c) {
+    V::Vec v[NV];
+    for (int j = 0; j < NV; ++j) v[j] = V::load(vf + c * D + j * V::kLanes);
+    for (int64_t i = 0; i < kValueVecs; ++i) {
+      const V::Vec w = V::set1(p[i * p_stride + c]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = V::fma(w, v[j], acc[i][j]);
+    }
   }
 }
 
-// As below, sixteen lanes: head dims [d, d + 16 NV) of vf rows (NV = 1 for
-// the last 16 of a D that is an odd multiple of 16).
-template <int NV>
-inline void weigh_values(const float* p, int64_t p_stride, const float* vf, int64_t D, int64_t n, __m512 acc[][2]) {
-  for (int64_t i = 0; i < kValueVecs; ++i)
-    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < n; ++c) {
-    __m512 v[NV];
-    for (int j = 0; j < NV; ++j) v[j] = _mm512_loadu_ps(vf + c * D + 16 * j);
-    for (int64_t i = 0; i < kValueVecs; ++i) {
-      const __m512 w = _mm512_set1_ps(p[i * p_stride + c]);
-      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(w, v[j], acc[i][j]);
-    }
-  }
-}
+// Head dims [d, d + kPassDims) of the values; sixteen lanes: the last 16 of a D that is an odd multiple of 16.
 inline void weigh_pass(const float* p, int64_t p_stride, const float* vf, int64_t D, int64_t d, int64_t n,
-                       __m512 acc[][2]) {
-  if (d + 32 <= D)
+                       PassLanes::Vec acc[][2]) {
+  if (d + kPassDims <= D)
     weigh_values<2>(p, p_stride, vf + d, D, n, acc);
   else
     weigh_values<1>(p, p_stride, vf + d, D, n, acc);
 }
-
-using PassVec = __m512;
-inline void store_pass(float* o, __m512 v) { _mm512_storeu_ps(o, v); }
-template <typename T>
-inline void store_pass(T* o, __m512 v) {
-  store8f(o, _mm512_castps512_ps256(v));
-  store8f(o + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-#else
-// scores[i][0..16) = scale * (q_i . key) for kScoreVecs query vectors q (rows of D floats) and the 16
-// keys of a [D][16] row pair (kt): per head dim, two key loads and kScoreVecs broadcasts feed 2 kScoreVecs
-// FMAs. Each score is one chain of FMAs over the head dims in order, whatever the vector width (the
-// sixteen-lane build's scores are these bits).
-inline void score_blocks(const float* q, const float* kt, int64_t D, float scale, float* scores, int64_t score_stride) {
-  __m256 acc[kScoreVecs][2];
-  for (int64_t i = 0; i < kScoreVecs; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
-    const __m256 key0 = _mm256_loadu_ps(kt + d * 16), key1 = _mm256_loadu_ps(kt + d * 16 + 8);
-    for (int64_t i = 0; i < kScoreVecs; ++i) {
-      const __m256 qv = _mm256_set1_ps(q[i * D + d]);
-      acc[i][0] = _mm256_fmadd_ps(qv, key0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(qv, key1, acc[i][1]);
-    }
-  }
-  const __m256 vscale = _mm256_set1_ps(scale);
-  for (int64_t i = 0; i < kScoreVecs; ++i) {
-    _mm256_storeu_ps(scores + i * score_stride, _mm256_mul_ps(acc[i][0], vscale));
-    _mm256_storeu_ps(scores + i * score_stride + 8, _mm256_mul_ps(acc[i][1], vscale));
-  }
-}
-
-// out_i[d..d+16) = sum_c p_i[c] * vf[c][d..d+16) for kValueVecs weight rows p (stride p_stride) over n keys.
-inline void weigh_values(const float* p, int64_t p_stride, const float* vf, int64_t D, int64_t n, __m256 acc[][2]) {
-  for (int64_t i = 0; i < kValueVecs; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < n; ++c) {
-    const __m256 v0 = _mm256_loadu_ps(vf + c * D), v1 = _mm256_loadu_ps(vf + c * D + 8);
-    for (int64_t i = 0; i < kValueVecs; ++i) {
-      const __m256 w = _mm256_set1_ps(p[i * p_stride + c]);
-      acc[i][0] = _mm256_fmadd_ps(w, v0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(w, v1, acc[i][1]);
-    }
-  }
-}
-
-inline void weigh_pass(const float* p, int64_t p_stride, const float* vf, int64_t D, int64_t d, int64_t n,
-                       __m256 acc[][2]) {
-  weigh_values(p, p_stride, vf + d, D, n, acc);
-}
-
-using PassVec = __m256;
-template <typename T>
-inline void store_pass(T* o, __m256 v) { store8f(o, v); }
-#endif
 
 // Query rows [r0, r1) of kv head g (query vector i = (r - r0) * G + j is head g * G + j of row r).
 template <typename T>
@@ -221,12 +198,12 @@ void attend_tile(const Geometry& s, const T* q, int64_t q_stride, const float* k
   const int64_t n = s.end_key(r1 - 1) - k0;
   for (int64_t i0 = 0; i0 < nv; i0 += kValueVecs)
     for (int64_t d = 0; d < s.D; d += kPassDims) {  // D % 16 == 0: a last pass of 16 dims has one vector
-      PassVec acc[kValueVecs][2];
+      PassLanes::Vec acc[kValueVecs][2];
       weigh_pass(scores.data() + i0 * cols, cols, vf + k0 * s.D, s.D, d, n, acc);
       for (int64_t i = i0; i < std::min(i0 + kValueVecs, nv); ++i) {
         T* o = out + ((r0 + i / s.G) * s.H + g * s.G + i % s.G) * s.D + d;
-        store_pass(o, acc[i - i0][0]);
-        if (d + kPassDims <= s.D) store_pass(o + kPassDims / 2, acc[i - i0][1]);
+        PassLanes::store(o, acc[i - i0][0]);
+        if (d + kPassDims <= s.D) PassLanes::store(o + kPassDims / 2, acc[i - i0][1]);
       }
     }
 }
