@@ -125,8 +125,9 @@ inline void score_run(const float* qg, const KV* key, int64_t key_stride, int64_
 // for bit: the same pairs added in the same order (lanes i + i+8, then
 // i + i+4, i + i+2, i + i+1), R vectors per instruction instead of one. With
 // a head dimension of 64, a score is four FMAs and reduce16 seven dependent
-// instructions: on Ice Lake 1.05-1.24x for contexts in cache, no change from
-// memory, where the pool's bytes bound pass 1 (docs/benchmarks.md).
+// instructions: on Ice Lake 0.96-1.24x for contexts in cache (2-8 sequences
+// 1.05-1.24x), 0.97-1.03x from memory, where the pool's bytes bound pass 1
+// (docs/benchmarks.md).
 template <int R>
 inline void store_sums(const __m512 (&v)[R], float scale, float* out) {
   static_assert(R == 4 || R == 8);
