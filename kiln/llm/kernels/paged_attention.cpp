@@ -29,11 +29,11 @@
 
 #include "kernels.h"
 #include "parallel_chunks.h"
+#include "lanes.h"
 #include "simd.h"
 // Sixteen lanes in both AVX-512 builds (only AVX-512F is used).
-#if defined(KILN_AVX512_BF16) || defined(KILN_AVX512)
+#ifdef KILN_LANES16
 #define KILN_ATTEND_LANES16 1
-#include "simd512.h"
 #endif
 
 namespace {
@@ -42,37 +42,11 @@ using kiln_simd::softmax;
 
 constexpr int kMaxGroup = 8;  // query heads per kv head
 
-// The vector width a build attends with: 8 fp32 lanes (AVX2) or 16 (the
-// avx512 and avx512_bf16 builds). Pool entries load as fp32 lanes (16-bit ones widened);
-// `sum` adds the lanes in one fixed order.
-struct Lanes8 {
-  using Vec = __m256;
-  static constexpr int64_t kLanes = 8;
-  static Vec zero() { return _mm256_setzero_ps(); }
-  template <typename T>
-  static Vec load(const T* p) { return kiln_simd::load8(p); }
-  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-  static Vec set1(float x) { return _mm256_set1_ps(x); }
-  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-  static float sum(Vec v) { return kiln_simd::hsum(v); }
-};
-
+// The vector width a build attends with (lanes.h): 8 fp32 lanes (AVX2) or 16
+// (the avx512 and avx512_bf16 builds).
+using kiln_lanes::Lanes8;
 #ifdef KILN_ATTEND_LANES16
-struct Lanes16 {
-  using Vec = __m512;
-  static constexpr int64_t kLanes = 16;
-  static Vec zero() { return _mm512_setzero_ps(); }
-  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
-  static Vec load(const c10::BFloat16* p) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-  }
-  static Vec load(const c10::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-  static Vec set1(float x) { return _mm512_set1_ps(x); }
-  static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-  static float sum(Vec v) { return kiln_simd512::reduce16(v); }
-};
+using kiln_lanes::Lanes16;
 #endif
 
 // Keys scored at once by an item of one kv head (fewer sequences than

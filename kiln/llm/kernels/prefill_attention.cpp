@@ -39,9 +39,10 @@
 #include "kernels.h"
 #include "parallel_chunks.h"
 #include "prefill_attention.h"
+#include "lanes.h"
 #include "simd.h"
 // Sixteen-lane passes in both AVX-512 builds (AVX-512F only).
-#if KILN_AVX512 || KILN_AVX512_BF16
+#ifdef KILN_LANES16
 #define KILN_PREFILL_LANES16 1
 #endif
 
@@ -54,35 +55,13 @@ using kiln_simd::transpose8;
 
 using kiln_prefill::Geometry;
 
-// The vector a pass computes on: kLanes fp32 lanes (8, or 16 in both AVX-512 builds). (A struct: the
-// unity build shares one anonymous namespace between the kernel files.)
-struct PassLanes {
+// The vector a pass computes on (lanes.h): 8 fp32 lanes, or 16 in both AVX-512 builds.
 #ifdef KILN_PREFILL_LANES16
-  using Vec = __m512;
-  static constexpr int64_t kLanes = 16;
-  static Vec zero() { return _mm512_setzero_ps(); }
-  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
-  static Vec set1(float x) { return _mm512_set1_ps(x); }
-  static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-  static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-  static void store(float* o, Vec v) { _mm512_storeu_ps(o, v); }
-  template <typename T>
-  static void store(T* o, Vec v) {  // 16-bit outputs: each half rounded once
-    store8f(o, _mm512_castps512_ps256(v));
-    store8f(o + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  }
+using PassLanes = kiln_lanes::Lanes16;
 #else
-  using Vec = __m256;
-  static constexpr int64_t kLanes = 8;
-  static Vec zero() { return _mm256_setzero_ps(); }
-  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
-  static Vec set1(float x) { return _mm256_set1_ps(x); }
-  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-  template <typename T>
-  static void store(T* o, Vec v) { store8f(o, v); }
+using PassLanes = kiln_lanes::Lanes8;
 #endif
-};
+
 constexpr int64_t kTileRows = 16;  // query rows per work item
 // Query vectors per pass: kScoreVecs x 2 accumulators + 2 key (value) vectors + a broadcast fill the
 // registers (16 in the AVX2 build, 32 with AVX-512).
