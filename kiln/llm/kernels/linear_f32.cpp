@@ -21,7 +21,8 @@
 //   12 FMAs; the step is compute-bound.
 // The avx512 build runs int4, fp32 and bf16 weights in pairs of rows, each
 // pair's two eight-lane chains in one sixteen-lane vector (the same bits;
-// see DenseProblem and Int4Problem for the shapes).
+// see DenseProblem and Int4Problem for the shapes); int4 at M > 8 takes the
+// outer-product passes of int4_lane_panels.h (the same bits again).
 //
 // Built with -fopenmp: ATen's parallel_for is a header template that runs
 // serially when the including file is compiled without OpenMP.
@@ -36,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "int4_lane_panels.h"
 #include "int4_widen.h"
 #include "kernels.h"
 #include "linear_tiling.h"
@@ -408,6 +410,8 @@ at::Tensor linear_q8_0(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return dense<int8_t, true>(x, w, nullptr, scales.const_data_ptr<float>());
 }
 
+#if !KILN_AVX512
+// (The AVX-512 builds run more than eight rows through int4_lane_panels.h.)
 // K-blocked passes over widened weights for long rows (the down projection's
 // K = 1536): four x rows and three weight rows over all of K (42 KB) overflow
 // L1, and the wide micro-kernel ran 1.3x slower than at K = 576. Here each
@@ -450,69 +454,6 @@ struct WidenedKBlocks {
       for (int j = 0; j < NR; ++j) _mm256_storeu_ps(spill + (i * rows + j) * 8, a[i][j]);
   }
 
-#if KILN_AVX512
-  // As micro<MR, 2 * NP>, sixteen lanes at a time: weight rows n + 2j and
-  // n + 2j + 1 share a vector (low and high eight lanes) and each x row's
-  // eight values are broadcast to both halves, so every (x row, weight row)
-  // pair keeps its own eight-lane accumulator, updated by the same FMAs in
-  // the same order: the bits of the eight-lane kernel with half the FMAs.
-  // (Interleaving the rows in memory first, to load a pair's vector without
-  // the insert, measured slower at one thread.) The spill buffer's rows n and
-  // n + 1 are adjacent, one vector.
-  template <int MR, int NP>
-  void pair_micro(int64_t m, int64_t n, int64_t m0, int64_t k0, int64_t k1) const {
-    __m512 a[MR][NP];
-    float* spill = acc + ((m - m0) * rows + n) * 8;
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NP; ++j)
-        a[i][j] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(spill + (i * rows + 2 * j) * 8);
-    for (int64_t k = k0; k < k1; k += 8) {
-      __m512 wv[NP];
-      for (int j = 0; j < NP; ++j) wv[j] = load_pair(w + (n + 2 * j) * K + k, w + (n + 2 * j + 1) * K + k);
-      for (int i = 0; i < MR; ++i) {
-        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (m + i) * K + k));
-        for (int j = 0; j < NP; ++j) a[i][j] = _mm512_fmadd_ps(xv, wv[j], a[i][j]);
-      }
-    }
-    if (k1 == K) {
-      float sums[MR][2 * NP];
-      pair_lane_sums<MR, NP>(a, sums);
-      for (int i = 0; i < MR; ++i)
-        for (int j = 0; j < 2 * NP; ++j) y[(m + i) * N + n + j] = sums[i][j];
-      return;
-    }
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NP; ++j) _mm512_storeu_ps(spill + (i * rows + 2 * j) * 8, a[i][j]);
-  }
-  // 24 accumulators: each pair's insert (a shuffle, on an FMA port on Intel)
-  // serves eight x rows. Ice Lake, SmolLM2's four shapes at 16-128 rows, 2
-  // threads, in one process: 1.18-1.41x faster than 4 x 3 (6 x 4 1.08-1.41x,
-  // 12 x 2 1.04-1.32x).
-  static constexpr int kPairRows = 8, kPairs = 3;
-
-  // x rows [m0, m1) against all the widened rows, k_block of K at a time:
-  // pairs of weight rows sixteen lanes wide, an odd last row eight.
-  void run(int64_t m0, int64_t m1, int64_t k_block) const {
-    using Fn = void (WidenedKBlocks::*)(int64_t, int64_t, int64_t, int64_t, int64_t) const;
-    constexpr int PR = kPairRows, PC = kPairs;
-    static constexpr std::array<Fn, PR * PC> pairs = []<int... I>(std::integer_sequence<int, I...>) {
-      return std::array<Fn, PR * PC>{&WidenedKBlocks::pair_micro<I / PC + 1, I % PC + 1>...};
-    }(std::make_integer_sequence<int, PR * PC>{});
-    static constexpr std::array<Fn, PR> single = []<int... I>(std::integer_sequence<int, I...>) {
-      return std::array<Fn, PR>{&WidenedKBlocks::micro<I + 1, 1>...};
-    }(std::make_integer_sequence<int, PR>{});
-    const int64_t paired = rows / 2 * 2;
-    for (int64_t k0 = 0; k0 < K; k0 += k_block) {
-      const int64_t k1 = std::min(K, k0 + k_block);
-      for (int64_t m = m0; m < m1; m += PR) {
-        const int64_t mr = std::min<int64_t>(PR, m1 - m);
-        for (int64_t n = 0; n < paired; n += 2 * PC)
-          (this->*pairs[(mr - 1) * PC + std::min<int64_t>(PC, (paired - n) / 2) - 1])(m, n, m0, k0, k1);
-        if (paired < rows) (this->*single[mr - 1])(m, paired, m0, k0, k1);
-      }
-    }
-  }
-#else
   // x rows [m0, m1) against all the widened rows, k_block of K at a time.
   void run(int64_t m0, int64_t m1, int64_t k_block) const {
     using Fn = void (WidenedKBlocks::*)(int64_t, int64_t, int64_t, int64_t, int64_t) const;
@@ -527,7 +468,6 @@ struct WidenedKBlocks {
           (this->*fns[(std::min<int64_t>(WR, m1 - m) - 1) * WC + std::min<int64_t>(WC, rows - n) - 1])(m, n, m0, k0, k1);
     }
   }
-#endif
 };
 
 // More than kNarrowMaxRows x rows: Int4Problem's wide micro-kernel widens
@@ -543,11 +483,7 @@ void run_w4_tiles(const Int4Problem<P>& p, int64_t M) {
   using Dense = DenseProblem<float>;
   constexpr int WR = Dense::kWideRows, WC = Dense::kWideCols;
   const int64_t K = p.K;
-#if KILN_AVX512
-  constexpr int64_t grain = 2 * WidenedKBlocks::kPairs;  // whole pair blocks
-#else
   constexpr int64_t grain = WC;
-#endif
   const int64_t tile = std::max<int64_t>(grain, kiln_linear::kWeightTileBytes / (K * 4) / grain * grain);
   const int64_t row_block = std::max<int64_t>(WR, kiln_linear::kRowBlockBytes / (K * 4) / WR * WR);
   const bool k_blocks = K > 2 * kWidenedKBlock;
@@ -555,13 +491,6 @@ void run_w4_tiles(const Int4Problem<P>& p, int64_t M) {
                                        kiln_int4::widen_row<P, float>,
                                        [&](const float* widened, int64_t t0, int64_t rows) {
     thread_local std::vector<float> acc;
-#if KILN_AVX512
-    // Sixteen lanes at every K (WidenedKBlocks' pairs); one block when K is short.
-    acc.resize(row_block * rows * 8);
-    for (int64_t m0 = 0; m0 < M; m0 += row_block)
-      WidenedKBlocks{p.x, widened, p.y + t0, acc.data(), K, p.N, rows}.run(m0, std::min(M, m0 + row_block),
-                                                                          k_blocks ? kWidenedKBlock : K);
-#else
     if (k_blocks) acc.resize(row_block * rows * 8);
     for (int64_t m0 = 0; m0 < M; m0 += row_block) {
       const int64_t m1 = std::min(M, m0 + row_block);
@@ -572,16 +501,20 @@ void run_w4_tiles(const Int4Problem<P>& p, int64_t M) {
         Kernels<Dense>::block(d, m0, m1, 0, rows);
       }
     }
-#endif
   });
 }
+#endif
 
 template <typename P>
 void run_w4(const at::Tensor& x, const at::Tensor& codes, const P* scale_min, at::Tensor& y, int64_t group_size) {
   const Int4Problem<P> p{x.const_data_ptr<float>(), codes.const_data_ptr<uint8_t>(), scale_min,
                          y.mutable_data_ptr<float>(), codes.size(1) * 2, codes.size(0), group_size};
   if (x.size(0) > kiln_linear::kNarrowMaxRows)
+#if KILN_AVX512
+    kiln_lane_panels::run(p.x, p.codes, p.scale_min, p.y, x.size(0), p.N, p.K, p.G);
+#else
     run_w4_tiles(p, x.size(0));
+#endif
   else
     Kernels<Int4Problem<P>>::run(p, x.size(0));
 }

@@ -1,6 +1,6 @@
 """The avx512 build (AVX-512 F/BW/VL/DQ without BF16: Skylake-SP to Ice Lake) against the avx2 build, in
 fresh processes (a process loads one build for good): its sixteen-lane int4 kernels (linear_w4's narrow
-passes and its tiles above 8 rows, linear_w4_panels for prompts), fp32 and bf16 linears (pairs of weight
+passes and its lane panels above 8 rows, linear_w4_panels for prompts), fp32 and bf16 linears (pairs of weight
 rows), activations and prefill attention give the avx2 build's bits; its sixteen-lane decode attention
 sums in another order, so it agrees within float rounding. Runs wherever the CPU has
 AVX-512 (an AVX512_BF16 or AMX CPU too: KILN_ISA=avx512 forces the build)."""
@@ -33,13 +33,14 @@ for n, k in ((960, 576), (27, 576), (13, 1536), (50, 128), (70, 4224)):
         if m > 8:
             out[f"linear_w4_panels {n}x{k} m={m}"] = torch.ops.kiln.linear_w4_panels(x, codes, scale_min, 32)
 # linear_w4's narrow passes (pairs of weight rows sixteen lanes wide in the avx512 build; a row tail
-# eight) at every M <= 8, with groups that split a run of 64 (32, 96) or not (64), fp16 and fp32 parameters.
+# eight) at every M <= 8 and its lane panels above (9, 20 rows), with groups that split a run of 64 (32,
+# 96) or not (64), fp16 and fp32 parameters.
 for n, k in ((27, 576), (13, 1536)):
     for group in (32, 64, 96):
         codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
         params = (torch.rand(n, k // group, 2, generator=g) - 0.5) * 0.1
         for dtype in (torch.float16, torch.float32):
-            for m in range(1, 9):
+            for m in (*range(1, 9), 9, 20):
                 x = torch.randn(m, k, generator=g)
                 out[f"linear_w4 {n}x{k} G={group} {dtype} m={m}"] = torch.ops.kiln.linear_w4(
                     x, codes, params.to(dtype), group)
@@ -93,7 +94,7 @@ def test_the_avx512_build_gives_the_avx2_builds_bits_and_close_attention():
     wide, narrow = _outputs("avx512"), _outputs("avx2")
     assert (wide.pop("library"), narrow.pop("library")) == ("avx512", "avx2")
     attention_wide, attention_narrow = wide.pop("attention"), narrow.pop("attention")
-    assert len(wide) == len(narrow) == 5 * (9 + 7) + 2 * 3 * 2 * 8 + 2 * 6 * 2 + 2 + 4
+    assert len(wide) == len(narrow) == 5 * (9 + 7) + 2 * 3 * 2 * 10 + 2 * 6 * 2 + 2 + 4
     for name, values in wide.items():
         assert torch.equal(values.view(torch.int32), narrow[name].view(torch.int32)), name
     torch.testing.assert_close(attention_wide, attention_narrow, rtol=1e-5, atol=1e-5)
