@@ -8,17 +8,19 @@
 // ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). Each lane's chain is a
 // dot product over the k of one residue mod 8, so the eight of them for a
 // block of outputs are eight small GEMMs. Here a panel of kPanel weight rows
-// is widened once per call (widen_row: the same weights) and laid out lane
-// major, panel[l][k / 8][kPanel]; every block of x rows then runs, for each
-// lane, an outer-product pass over it (one broadcast of x and NV FMAs per
-// row and k / 8, no shuffles, no sums across lanes), stores the eight
-// partial sums, and adds them in hsum's order with vertical adds: the same
-// FMAs, the same order, the same bits as the int4 kernel at any M.
+// is widened once per call straight from the codes (each weight q * scale +
+// min by widen_row's FMA: the same weights) into a lane-major layout,
+// panel[l][k / 8][kPanel], and x is packed lane major once per call; every
+// block of x rows then runs, for each lane, an outer-product pass over the
+// panel (one broadcast of x and kVecs FMAs per row and k / 8, no shuffles,
+// no sums across lanes), stores the eight partial sums, and adds them in
+// hsum's order with vertical adds: the same FMAs in the same order, the same
+// bits as the int4 kernel at any M.
 // The int4 kernel's own tiles (rows widened into a buffer, two weight rows
 // per vector: an insert per pair, a sum across lanes per output) remain the
 // avx2 build's. Ice Lake, SmolLM2's four shapes x 30 layers, 2 threads, in
-// one process (outputs asserted equal), those tiles / these panels: 1.12-1.20x
-// faster at 9-16 rows, 1.17-1.31x at 32-64, 1.23-1.44x at 128-192; from 192
+// one process (outputs asserted equal), those tiles / these panels: 1.07-1.20x
+// faster at 9-16 rows, 1.25-1.31x at 32-64, 1.32-1.44x at 128-192; from 192
 // rows linear_w4_panels (other bits) is 1.0-1.08x faster still.
 #pragma once
 #if KILN_AVX512
@@ -69,29 +71,13 @@ inline void pack_x(const float* x, int64_t M, int64_t K, float* xp) {
 // from row i (rows from `count` on read as zero). Rows i and i + 8 share a
 // vector and an eight-word transpose runs in each half.
 inline void run_words(const uint8_t* run, int64_t row_stride, int count, __m512 (&v)[kLanes]) {
-  const __m512i low_quarters = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-  const __m512i high_quarters = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
   const auto words = [&](int i) {
     return i < count ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + i * row_stride))
                      : _mm256_setzero_si256();
   };
-  __m512 r[8], t[8], s[8];
   for (int i = 0; i < 8; ++i)
-    r[i] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(words(i)), words(i + 8), 1));
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    s[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    s[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    s[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    s[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm512_permutex2var_ps(s[i], low_quarters, s[i + 4]);
-    v[i + 4] = _mm512_permutex2var_ps(s[i], high_quarters, s[i + 4]);
-  }
+    v[i] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(words(i)), words(i + 8), 1));
+  kiln_simd::transpose8(v);
 }
 
 // Scale and min of one group for sixteen rows, lane i from row i's params at

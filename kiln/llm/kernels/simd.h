@@ -118,22 +118,46 @@ inline void narrow8(c10::BFloat16* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
 
-// Eight rows of eight floats -> their eight columns (r[i] becomes column i).
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8], s[8];
+// The steps of an 8 x 8 transpose for V = __m256 and, in the AVX-512 builds,
+// __m512 (two 8 x 8 blocks side by side, one per 256-bit half).
+inline __m256 unpacklo(__m256 a, __m256 b) { return _mm256_unpacklo_ps(a, b); }
+inline __m256 unpackhi(__m256 a, __m256 b) { return _mm256_unpackhi_ps(a, b); }
+template <int kImm>
+inline __m256 shuffle(__m256 a, __m256 b) { return _mm256_shuffle_ps(a, b, kImm); }
+// Per 256 bits: 128-bit lane kHalf of a, then that of b.
+template <int kHalf>
+inline __m256 lane_halves(__m256 a, __m256 b) { return _mm256_permute2f128_ps(a, b, kHalf ? 0x31 : 0x20); }
+#ifdef __AVX512F__
+inline __m512 unpacklo(__m512 a, __m512 b) { return _mm512_unpacklo_ps(a, b); }
+inline __m512 unpackhi(__m512 a, __m512 b) { return _mm512_unpackhi_ps(a, b); }
+template <int kImm>
+inline __m512 shuffle(__m512 a, __m512 b) { return _mm512_shuffle_ps(a, b, kImm); }
+template <int kHalf>
+inline __m512 lane_halves(__m512 a, __m512 b) {
+  const __m512i index = kHalf ? _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31)
+                              : _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+  return _mm512_permutex2var_ps(a, index, b);
+}
+#endif
+
+// Eight rows of eight floats -> their eight columns (r[i] becomes column i;
+// a __m512 transposes the rows of each 256-bit half on their own).
+template <typename V>
+inline void transpose8(V r[8]) {
+  V t[8], s[8];
   for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    t[i] = unpacklo(r[i], r[i + 1]);
+    t[i + 1] = unpackhi(r[i], r[i + 1]);
   }
   for (int i = 0; i < 8; i += 4) {
-    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    s[i] = shuffle<_MM_SHUFFLE(1, 0, 1, 0)>(t[i], t[i + 2]);
+    s[i + 1] = shuffle<_MM_SHUFFLE(3, 2, 3, 2)>(t[i], t[i + 2]);
+    s[i + 2] = shuffle<_MM_SHUFFLE(1, 0, 1, 0)>(t[i + 1], t[i + 3]);
+    s[i + 3] = shuffle<_MM_SHUFFLE(3, 2, 3, 2)>(t[i + 1], t[i + 3]);
   }
   for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+    r[i] = lane_halves<0>(s[i], s[i + 4]);
+    r[i + 4] = lane_halves<1>(s[i], s[i + 4]);
   }
 }
 
