@@ -1,16 +1,19 @@
 """Builds Kiln's CPU kernels into one shared library per ISA build, beside this file.
 
 Run once at install time (`make` does): `python -m kiln.llm.kernels.build`.
-Three builds (isa.py says which one a CPU loads), compiled in parallel:
+Four builds (isa.py says which one a CPU loads), compiled in parallel:
 
     _kiln_kernels_avx2.so         -mavx2 -mfma -mf16c: the fp32, int8, int4
                                   kernels (int4 x int8 activations); bf16
                                   through fp32 arithmetic
     _kiln_kernels_avx512.so       the same sources with AVX-512 F/BW/VL/DQ
-                                  (Skylake-SP to Ice Lake: no BF16): int4
+                                  (Skylake-SP; no VNNI, no BF16): int4
                                   above 8 rows and prompts, decode attention
                                   and gating sixteen lanes wide (the int4
                                   kernels give the avx2 build's bits)
+    _kiln_kernels_avx512_vnni.so  the avx512 build plus AVX512_VNNI (Cascade
+                                  Lake, Ice Lake): int8 weights on int8 dot
+                                  products (`linear_w8a8`)
     _kiln_kernels_avx512_bf16.so  adds AVX-512 F/BW/VL/DQ, BF16 and VNNI:
                                   bf16 dot products (`vdpbf16ps`)
 
@@ -97,11 +100,14 @@ def fingerprint(build: Build) -> str:
 
 AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")
 AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-DKILN_AVX512=1")
+AVX512_VNNI_FLAGS = (*AVX512_FLAGS, "-mavx512vnni", "-DKILN_VNNI=1")
 AVX512_BF16_FLAGS = (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
-                     "-mavx512vnni", "-DKILN_AVX512_BF16=1")
+                     "-mavx512vnni", "-DKILN_AVX512_BF16=1", "-DKILN_VNNI=1")
 BUILDS = {
     "avx2": Build("avx2", AVX2_FLAGS, tuple(HERE / s for s in COMMON_SOURCES)),
     "avx512": Build("avx512", AVX512_FLAGS, tuple(HERE / s for s in COMMON_SOURCES)),
+    "avx512_vnni": Build("avx512_vnni", AVX512_VNNI_FLAGS,
+                         tuple(HERE / s for s in (*COMMON_SOURCES, "linear_int8_vnni.cpp"))),
     "avx512_bf16": Build("avx512_bf16", AVX512_BF16_FLAGS, tuple(
         HERE / s for s in (*COMMON_SOURCES, "linear_bf16.cpp", "linear_w4l_bf16.cpp", "linear_int8_vnni.cpp",
                           "prefill_attention_bf16.cpp"))),

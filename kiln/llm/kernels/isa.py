@@ -7,12 +7,14 @@ level of an ordered list:
 
     avx2         AVX2 + FMA + F16C (Haswell, Zen 1-3)
     avx512       + AVX-512 F/BW/VL/DQ (Skylake-SP)
-    avx512_bf16  + AVX512_BF16 + AVX512_VNNI (Cooper Lake, Zen 4 and 5)
+    avx512_vnni  + AVX512_VNNI (Cascade Lake, Ice Lake)
+    avx512_bf16  + AVX512_BF16 (Cooper Lake, Zen 4 and 5)
     amx          + AMX tiles for bf16 and int8 (Sapphire Rapids and later)
 
-Each level loads one kernel library (`LIBRARY_FOR_LEVEL`): there are three
+Each level loads one kernel library (`LIBRARY_FOR_LEVEL`): there are four
 builds, `avx2`, `avx512` (the avx2 sources with the compute-bound int4
-kernels, decode attention and gating sixteen lanes wide) and `avx512_bf16`.
+kernels, decode attention and gating sixteen lanes wide), `avx512_vnni` (the
+avx512 build plus int8 dot products for int8 weights) and `avx512_bf16`.
 Kiln has no AMX tile code: AMX is reached through oneDNN, which torch's
 bf16 and int8 matmuls use by themselves where the CPU has it.
 
@@ -33,18 +35,19 @@ from kiln.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-LEVELS = ("none", "avx2", "avx512", "avx512_bf16", "amx")
+LEVELS = ("none", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")
 # The cpuinfo flags each level adds to the one below it.
 LEVEL_FLAGS = {
     "avx2": frozenset({"avx2", "fma", "f16c"}),
     "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
-    "avx512_bf16": frozenset({"avx512_bf16", "avx512_vnni"}),
+    "avx512_vnni": frozenset({"avx512_vnni"}),
+    "avx512_bf16": frozenset({"avx512_bf16"}),
     "amx": frozenset({"amx_tile", "amx_bf16", "amx_int8"}),
 }
 # Features reported in the log besides the levels' own.
 EXTRA_FLAGS = ("avx512_fp16", "avx_vnni", "avx_vnni_int8", "amx_fp16")
-LIBRARY_FOR_LEVEL = {"none": None, "avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512_bf16",
-                     "amx": "avx512_bf16"}
+LIBRARY_FOR_LEVEL = {"none": None, "avx2": "avx2", "avx512": "avx512", "avx512_vnni": "avx512_vnni",
+                     "avx512_bf16": "avx512_bf16", "amx": "avx512_bf16"}
 ENV_VAR = "KILN_ISA"
 CPUINFO = Path("/proc/cpuinfo")
 

@@ -12,7 +12,7 @@ at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w);
 // bf16 dot products (linear_bf16.cpp); the AVX2 build: fp32 arithmetic.
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w);
 at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
-// The avx512_bf16 build only: x quantized per row to int8, VNNI dot products.
+// The builds with VNNI only (avx512_vnni, avx512_bf16): x quantized to int8 in groups of 32, VNNI dot products.
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
 // int4 group weights (linear_f32.cpp's Int4Problem layout): linear_w4 keeps
 // x in fp32; linear_w4a8 quantizes it to int8 in groups of 32 (linear_w4a8.cpp).

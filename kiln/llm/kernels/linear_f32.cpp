@@ -550,11 +550,12 @@ namespace kiln {
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) { return ::linear_bf16_widen(x, w); }
 #endif
 at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w) { return ::linear_f32(x, w); }
-// The avx512_bf16 build quantizes x in groups of 32 and runs VNNI dot
-// products (linear_int8_vnni.cpp: 1.3-1.5x faster, perplexity within 1%);
-// the avx2 build keeps fp32 activations. linear_w8_fp32x is the latter in both.
+// The builds with VNNI (avx512_vnni, avx512_bf16) quantize x in groups of
+// 32 and run VNNI dot products (linear_int8_vnni.cpp: 1.3-1.5x faster,
+// perplexity within 1%); the others keep fp32 activations. linear_w8_fp32x
+// is the latter in every build.
 at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
-#ifdef KILN_AVX512_BF16
+#ifdef KILN_VNNI
   return kiln::linear_w8a8(x, w, scales);
 #else
   return ::linear_w8(x, w, scales);

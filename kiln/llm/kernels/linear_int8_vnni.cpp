@@ -1,4 +1,4 @@
-// int8 linear with AVX512_VNNI (the avx512_bf16 build only):
+// int8 linear with AVX512_VNNI (the avx512_vnni and avx512_bf16 builds):
 // y[M, N] = x[M, K] @ (w int8 [N, K] * scale[N])^T with x quantized
 // dynamically to int8 in groups of 32 along K: for each row and group,
 // sx = max|x| / 127 and xq = round(x / sx). (One scale per row cost SmolLM2

@@ -73,7 +73,7 @@ def bf16_dot_products() -> bool:
 
 def vnni_int8() -> bool:
     """Whether the loaded build has the AVX512_VNNI int8 kernel (`linear_w8a8`)."""
-    return loaded_library() == "avx512_bf16"
+    return loaded_library() in ("avx512_vnni", "avx512_bf16")
 
 
 def linear_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
@@ -152,9 +152,9 @@ def _weight_only_applies(
 
 def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """x [M, K] fp32 @ (weight int8 [N, K] * scales fp32 [N])^T with Kiln's
-    kernel (any M), or None when it does not apply. The avx512_bf16 build
-    quantizes x in groups of 32 to int8 and runs AVX512_VNNI dot products
-    (`vnni_int8()`); the avx2 build keeps x in fp32."""
+    kernel (any M), or None when it does not apply. The avx512_vnni and
+    avx512_bf16 builds quantize x in groups of 32 to int8 and run AVX512_VNNI
+    dot products (`vnni_int8()`); the avx2 and avx512 builds keep x in fp32."""
     if not _weight_only_applies(x, weight, torch.int8, scales, torch.float32):
         return None
     return torch.ops.kiln.linear_w8(x, weight, scales)

@@ -57,7 +57,7 @@ class Int8Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        # A 16-bit model's rows widen to fp32 for Kiln's kernel (the avx512_bf16 build quantizes them
+        # A 16-bit model's rows widen to fp32 for Kiln's kernel (the VNNI builds quantize them
         # to int8 anyway) and its result is rounded once: torch's int8 kernel, the fallback, decoded
         # a bf16 SmolLM2 at 52 tok/s against 116 for this one in fp32 (Zen 4, batch 1).
         y = linear_w8(x2.float() if x2.device.type == "cpu" else x2, self.weight_int8, self.scales_f32)

@@ -6,14 +6,18 @@ from kiln.llm.kernels import build
 
 
 def test_each_isa_build_has_its_flags_and_sources():
-    assert set(build.BUILDS) == {"avx2", "avx512", "avx512_bf16"}
+    assert set(build.BUILDS) == {"avx2", "avx512", "avx512_vnni", "avx512_bf16"}
     avx2, avx512 = build.BUILDS["avx2"], build.BUILDS["avx512_bf16"]
     assert {"-mavx2", "-mfma", "-mf16c"} <= set(avx2.flags) and not any("avx512" in f for f in avx2.flags)
     # AVX-512 without BF16 or VNNI (Skylake-SP has neither): the avx2 sources, sixteen lanes wide.
     plain = build.BUILDS["avx512"]
     assert {"-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-DKILN_AVX512=1"} <= set(plain.flags)
     assert not any("bf16" in f or "vnni" in f for f in plain.flags) and plain.sources == avx2.sources
-    assert {"-mavx512bf16", "-mavx512vnni", "-DKILN_AVX512_BF16=1"} <= set(avx512.flags)
+    # Cascade Lake / Ice Lake: the avx512 build plus the VNNI int8 kernel.
+    vnni = build.BUILDS["avx512_vnni"]
+    assert set(plain.flags) | {"-mavx512vnni", "-DKILN_VNNI=1"} == set(vnni.flags) and "bf16" not in str(vnni.flags)
+    assert set(vnni.sources) - set(plain.sources) == {build.HERE / "linear_int8_vnni.cpp"}
+    assert {"-mavx512bf16", "-mavx512vnni", "-DKILN_AVX512_BF16=1", "-DKILN_VNNI=1"} <= set(avx512.flags)
     assert set(avx2.sources) < set(avx512.sources)  # the bf16 dot-product kernel only where it can run
     assert all(s.exists() for s in avx512.sources)
     assert avx2.library.name == f"_kiln_kernels_avx2-{build.fingerprint(avx2)}.so"

@@ -14,6 +14,7 @@ from kiln.llm.kernels.build import BUILDS
 
 ZEN3 = frozenset(["fpu", "sse", "sse2", "avx", "fma", "f16c", "avx2", "bmi2"])
 SKYLAKE_SP = ZEN3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+ICE_LAKE = SKYLAKE_SP | {"avx512_vnni", "avx512vbmi"}
 ZEN4 = SKYLAKE_SP | {"avx512_bf16", "avx512_vnni", "avx512vbmi"}
 SAPPHIRE_RAPIDS = ZEN4 | {"amx_tile", "amx_bf16", "amx_int8", "avx512_fp16"}
 
@@ -43,7 +44,8 @@ def test_cpuinfo_flags_come_from_the_first_flags_line():
         (ZEN3, "avx2"),
         (SKYLAKE_SP, "avx512"),
         (ZEN4, "avx512_bf16"),
-        (ZEN4 - {"avx512_vnni"}, "avx512"),
+        (ICE_LAKE, "avx512_vnni"),
+        (ZEN4 - {"avx512_vnni"}, "avx512"),  # bf16 dot products come with VNNI in every CPU that has them
         (SAPPHIRE_RAPIDS, "amx"),
         (ZEN3 | {"amx_tile", "amx_bf16", "amx_int8"}, "avx2"),  # levels are cumulative
     ],
@@ -54,7 +56,7 @@ def test_level_of_fake_flag_sets(flags, level):
 
 def test_each_level_loads_the_build_it_can_run():
     assert [isa.LIBRARY_FOR_LEVEL[level] for level in isa.LEVELS] == [
-        None, "avx2", "avx512", "avx512_bf16", "avx512_bf16"]
+        None, "avx2", "avx512", "avx512_vnni", "avx512_bf16", "avx512_bf16"]
     assert set(isa.LIBRARY_FOR_LEVEL.values()) - {None} == set(BUILDS)
 
 
@@ -65,6 +67,7 @@ def test_each_level_loads_the_build_it_can_run():
         ("avx512_bf16", "", ("avx512_bf16", False)),
         ("avx512_bf16", "avx2", ("avx2", True)),
         ("amx", " AVX512_BF16 ", ("avx512_bf16", True)),
+        ("avx512_bf16", "avx512_vnni", ("avx512_vnni", True)),
         ("avx2", "avx2", ("avx2", True)),
     ],
 )
@@ -75,14 +78,16 @@ def test_kiln_isa_forces_a_level_at_or_below_the_cpus(detected, requested, expec
 def test_kiln_isa_above_the_cpu_or_unknown_is_a_clear_error():
     with pytest.raises(ConfigError, match=r"KILN_ISA=amx asks for more than this CPU has \(its level is avx2\)"):
         isa.resolve("avx2", "amx")
-    with pytest.raises(ConfigError, match="KILN_ISA must be one of avx2, avx512, avx512_bf16, amx, got 'sse4'"):
+    with pytest.raises(ConfigError, match="KILN_ISA must be one of avx2, avx512, avx512_vnni, avx512_bf16, amx, got 'sse4'"):
         isa.resolve("amx", "sse4")
     with pytest.raises(ConfigError, match="must be one of"):
         isa.resolve("amx", "none")  # not a level one can force: KILN_KERNELS=0 turns the kernels off
 
 
 @pytest.mark.parametrize(
-    "level,dtype", [("avx2", "float32"), ("avx512", "float32"), ("avx512_bf16", "bfloat16"), ("amx", "bfloat16")]
+    "level,dtype",
+    [("avx2", "float32"), ("avx512", "float32"), ("avx512_vnni", "float32"), ("avx512_bf16", "bfloat16"),
+     ("amx", "bfloat16")],
 )
 def test_preferred_cpu_dtype_is_bf16_where_the_cpu_has_bf16_dot_products(monkeypatch, level, dtype):
     monkeypatch.setattr(isa, "cpu_isa", lambda: isa.IsaChoice("amx", level, level != "amx", SAPPHIRE_RAPIDS))
@@ -92,7 +97,9 @@ def test_preferred_cpu_dtype_is_bf16_where_the_cpu_has_bf16_dot_products(monkeyp
 @pytest.mark.parametrize(
     "level,builds",
     [("none", []), ("avx2", ["avx2"]), ("avx512", ["avx512", "avx2"]),
-     ("avx512_bf16", ["avx512_bf16", "avx512", "avx2"]), ("amx", ["avx512_bf16", "avx512", "avx2"])],
+     ("avx512_vnni", ["avx512_vnni", "avx512", "avx2"]),
+     ("avx512_bf16", ["avx512_bf16", "avx512_vnni", "avx512", "avx2"]),
+     ("amx", ["avx512_bf16", "avx512_vnni", "avx512", "avx2"])],
 )
 def test_a_level_tries_its_build_then_the_lower_ones(level, builds):
     assert ops._builds_to_try(isa.IsaChoice(level, level, False, frozenset())) == builds
@@ -112,8 +119,10 @@ from kiln.llm.kernels import isa, ops
 library = ops.loaded_library()
 x, w = torch.randn(8, 576).bfloat16().float(), torch.randn(16, 576).bfloat16()  # fp32 out: every bit shows
 same = torch.equal(torch.ops.kiln.linear_bf16(x, w), torch.ops.kiln.linear_bf16_widen(x, w))
-print(json.dumps({"level": isa.cpu_isa().level, "library": library,
-                  "dots": ops.bf16_dot_products(), "same_as_widen": same}))
+w8, scales = torch.randint(-127, 128, (16, 576), dtype=torch.int8), torch.rand(16)
+int8_x = not torch.equal(torch.ops.kiln.linear_w8(x, w8, scales), torch.ops.kiln.linear_w8_fp32x(x, w8, scales))
+print(json.dumps({"level": isa.cpu_isa().level, "library": library, "dots": ops.bf16_dot_products(),
+                  "same_as_widen": same, "vnni": ops.vnni_int8(), "int8_x": int8_x}))
 """
 
 
@@ -132,11 +141,27 @@ def probe(env_isa: str | None) -> tuple[dict, str]:
 def test_kiln_isa_changes_the_loaded_library_and_the_bf16_kernel():
     default, log = probe(None)
     assert default == {"level": isa.cpu_isa().detected, "library": "avx512_bf16", "dots": True,
-                       "same_as_widen": False}  # vdpbf16ps sums pairs: other bits than fp32 FMAs
+                       "same_as_widen": False,  # vdpbf16ps sums pairs: other bits than fp32 FMAs
+                       "vnni": True, "int8_x": True}
     assert "forced by KILN_ISA: no" in log and "loaded _kiln_kernels_avx512_bf16-" in log
     forced, log = probe("avx2")
-    assert forced == {"level": "avx2", "library": "avx2", "dots": False, "same_as_widen": True}
+    assert forced == {"level": "avx2", "library": "avx2", "dots": False, "same_as_widen": True, "vnni": False,
+                      "int8_x": False}
     assert "ISA avx2 (forced by KILN_ISA: yes" in log and "loaded _kiln_kernels_avx2-" in log
+
+
+@pytest.mark.skipif(not all(b.library.exists() for b in BUILDS.values()), reason="kernel builds absent")
+@pytest.mark.skipif(not isa.cpu_isa().at_least("avx512_vnni") or isa.cpu_isa().forced,
+                    reason="needs an AVX512_VNNI CPU and no KILN_ISA in the environment")
+def test_kiln_isa_avx512_vnni_loads_int8_dot_products_without_bf16_ones():
+    vnni, log = probe("avx512_vnni")
+    assert vnni == {"level": "avx512_vnni", "library": "avx512_vnni", "dots": False, "same_as_widen": True,
+                    "vnni": True, "int8_x": True}  # int8 weights on VNNI: x quantized, other bits
+    assert "loaded _kiln_kernels_avx512_vnni-" in log
+    plain, log = probe("avx512")
+    assert plain == {"level": "avx512", "library": "avx512", "dots": False, "same_as_widen": True, "vnni": False,
+                     "int8_x": False}
+    assert "loaded _kiln_kernels_avx512-" in log
 
 
 @pytest.mark.skipif(isa.cpu_isa().detected == "amx", reason="the CPU has AMX: nothing above it to refuse")

@@ -1,5 +1,5 @@
-"""The AVX512_VNNI int8 kernel (`linear_w8a8`, the avx512_bf16 build's
-`linear_w8`): activations quantized to int8 in groups of 32 along K, exact
+"""The AVX512_VNNI int8 kernel (`linear_w8a8`, the avx512_vnni and avx512_bf16
+builds' `linear_w8`): activations quantized to int8 in groups of 32 along K, exact
 integer dot products, fp32 scaling. Reference: the same quantization in
 torch (round half to even of x * 127 / max|group|), then float64 math; only
 the fp32 scaling and summation of the groups separate them (relative 1e-6).
@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from kiln.llm.kernels import ops
 from kiln.llm.quant.int8 import quantize_int8
 
-pytestmark = pytest.mark.skipif(not ops.vnni_int8(), reason="needs the avx512_bf16 build (AVX512_VNNI CPU)")
+pytestmark = pytest.mark.skipif(not ops.vnni_int8(),
+                                reason="needs a VNNI build (avx512_vnni or avx512_bf16: an AVX512_VNNI CPU)")
 
 GROUP = 32
 
