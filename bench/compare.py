@@ -122,7 +122,7 @@ def machine_info() -> dict:
         "cpu_model": fields.get("Model name"),
         "cpus": os.cpu_count(),
         "threads_per_core": fields.get("Thread(s) per core"),
-        "isa": [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_tile") if f in flags],
+        "isa": [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags],
         "mem_gib": round(mem_kib / 2**20, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),

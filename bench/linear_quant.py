@@ -8,8 +8,8 @@ the kernels interleaved so machine noise hits them alike:
     bf16-kiln   Kiln's linear_bf16 (AVX512_BF16 dot products where built)
     int8        Kiln's linear_w8 as routed in this build (see ops.linear_w8)
     int8-fp32x  Kiln's weight-only int8 kernel: int8 rows widened, fp32 activations
-    int8-vnni   Kiln's linear_w8a8 (avx512_bf16 build): activations quantized
-                per row to int8, AVX512_VNNI dot products
+    int8-vnni   Kiln's linear_w8a8 (avx512_vnni, avx512_bf16 builds): activations quantized
+                in groups of 32 to int8, AVX512_VNNI dot products
     int4        Kiln's linear_w4: int4 groups of 32, fp16 scale/min, fp32 activations
     int4-bf16   Kiln's linear_w4_bf16 (avx512_bf16 build): the same weights widened
                 to bf16 in registers (tiles above 8 rows), bf16 activations, as a
