@@ -22,7 +22,7 @@
 // The avx512 build runs int4, fp32 and bf16 weights in pairs of rows, each
 // pair's two eight-lane chains in one sixteen-lane vector (the same bits;
 // see DenseProblem and Int4Problem for the shapes); int4 at M > 8 takes the
-// outer-product passes of int4_lane_panels.h (the same bits again).
+// outer-product passes of lane_panels.h (the same bits again).
 //
 // Built with -fopenmp: ATen's parallel_for is a header template that runs
 // serially when the including file is compiled without OpenMP.
@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-#include "int4_lane_panels.h"
+#include "lane_panels.h"
 #include "int4_widen.h"
 #include "kernels.h"
 #include "linear_tiling.h"
@@ -407,11 +407,20 @@ at::Tensor linear_q8_0(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   const at::Tensor scales = scales_in.contiguous();
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == w.size(0) * (w.size(1) / kQ8Block),
               "linear_q8_0: fp32 scales [N, K / 32] required");
+#if KILN_AVX512
+  if (x.size(0) > kiln_linear::kNarrowMaxRows) {
+    const at::Tensor xc = x.contiguous();
+    at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
+    kiln_lane_panels::run_q8_0(xc.const_data_ptr<float>(), w.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(),
+                               y.mutable_data_ptr<float>(), x.size(0), w.size(0), w.size(1));
+    return y;
+  }
+#endif
   return dense<int8_t, true>(x, w, nullptr, scales.const_data_ptr<float>());
 }
 
 #if !KILN_AVX512
-// (The AVX-512 builds run more than eight rows through int4_lane_panels.h.)
+// (The AVX-512 builds run more than eight rows through lane_panels.h.)
 // K-blocked passes over widened weights for long rows (the down projection's
 // K = 1536): four x rows and three weight rows over all of K (42 KB) overflow
 // L1, and the wide micro-kernel ran 1.3x slower than at K = 576. Here each

@@ -160,13 +160,20 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> to
     return torch.ops.kiln.linear_w8(x, weight, scales)
 
 
+def q8_0_lane_panels() -> bool:
+    """Whether the loaded build runs linear_q8_0 above 8 rows as lane-major
+    outer-product panels (the AVX-512 builds: as fast as oneDNN's fp32 GEMM on
+    the float weight from 32 rows, with linear_f32's bits at any row count)."""
+    return loaded_library() in ("avx512", "avx512_vnni", "avx512_bf16")
+
+
 def linear_q8_0(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """x [M, K] fp32 @ (codes int8 [N, K] * scales fp32 [N, K/32], one per block of 32: GGUF's
-    Q8_0)^T, bit-identical to linear_f32 on the dequantized weight, or None where linear_f32
-    would not apply (too many rows, not fp32 CPU, library absent)."""
-    if x.dim() != 2 or x.shape[0] > LINEAR_MAX_ROWS or not _weight_only_applies(
-        x, codes, torch.int8, scales, torch.float32
-    ):
+    Q8_0)^T, bit-identical to linear_f32 on the dequantized weight, or None where it does not
+    apply (not fp32 CPU, library absent; more than LINEAR_MAX_ROWS rows without the lane panels)."""
+    if x.dim() != 2 or not _weight_only_applies(x, codes, torch.int8, scales, torch.float32):
+        return None
+    if x.shape[0] > LINEAR_MAX_ROWS and not q8_0_lane_panels():
         return None
     return torch.ops.kiln.linear_q8_0(x, codes, scales)
 

@@ -18,7 +18,7 @@ PACKED_MIN_ROWS = 32
 # kernel (one chain of eight partial sums per output, the bits of every decode batch up to here: the fused
 # decode layers take steps of up to this many rows, fused_decode.row_limit). Above 8 rows the kernel widens a
 # tile of weight rows once per call into an L1/L2 buffer and runs the fp32 micro-kernel on it (the AVX-512
-# builds: lane-major panels, int4_lane_panels.h, within 0.92-1.0x of the panels at 192-2048 rows on Ice Lake,
+# builds: lane-major panels, lane_panels.h, within 0.92-1.0x of the panels at 192-2048 rows on Ice Lake,
 # 2026-12-06; so the boundary stays here, where the decode steps end); SmolLM2's four
 # int4 shapes summed, Zen 3, kernel / widened+oneDNN (the path above this before linear_w4_panels):
 # 0.57-0.71x at 64 rows, 0.72-0.84x at 128, 0.80-0.94x at 192, 0.93-1.08x at 256 (1 and 2 threads, three

@@ -198,9 +198,12 @@ class LlamaModel(nn.Module):
         lay_out_lanes(self, dtype)
         pack_for_prefill(self)
         if self.logits_head is None:
-            self.lm_head_packed = pack_linear_weight(self.lm_head)
-            if quantization is None and stored_head is not None:
-                self.logits_head = stored_head.head(self.lm_head, self.lm_head_packed)
+            head = stored_head.head(self.lm_head) if quantization is None and stored_head is not None else None
+            if head is None or not head.takes_every_row:
+                self.lm_head_packed = pack_linear_weight(self.lm_head)
+            if head is not None:
+                head.packed = self.lm_head_packed
+                self.logits_head = head
         if device.type == "cpu":
             gather_weights(self)
         self.fused_layers = self.gather_fused_layers()

@@ -10,7 +10,13 @@ float head's. Converting every code for every pass of rows makes it
 compute-bound from a few rows, so the head takes the kernel up to
 Q8_0_HEAD_MAX_ROWS fp32 rows (decode of a few requests, where the bytes it
 saves decide) and the float path above (linear_f32, then the packed oneDNN
-copy): no step of any size computes other logits than before. A bf16
+copy): no step of any size computes other logits than before. The AVX-512
+builds widen the blocks once per call above 8 rows (lane_panels.h: within
+0.93-0.96x of oneDNN's GEMM from 64 rows, 1.05-1.5x faster up to 32, Ice
+Lake), so there an fp32 head takes the blocks at every row count
+(`takes_every_row`): no oneDNN copy of the head is made (SmolLM2: 113 MB),
+and a row's logits have the same bits whatever the step's row count (the
+oneDNN GEMM summed in another order above PACKED_MIN_ROWS). A bf16
 model's head (the table rounded to bf16) reads the blocks the same way up to
 the same row count on CPUs with bf16 dot products (`linear_q8_0_bf16`: each
 block widened to q * d, rounded to bf16, then linear_bf16's chain; bit-identical
@@ -28,7 +34,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from kiln.llm.kernels.ops import bf16_dot_products, kernels_loaded, linear_q8_0, linear_q8_0_bf16, linear_q8_0a8
+from kiln.llm.kernels.ops import (
+    bf16_dot_products,
+    kernels_loaded,
+    linear_q8_0,
+    linear_q8_0_bf16,
+    linear_q8_0a8,
+    q8_0_lane_panels,
+)
 from kiln.llm.kernels.tuning import Q8_0_HEAD_MAX_ROWS
 from kiln.llm.layers.linear import project, takes_packed
 
@@ -50,11 +63,11 @@ class Q8_0Weight:
         n, k = self.shape
         return (self.codes.float().view(n, k // BLOCK, BLOCK) * self.scales.unsqueeze(-1)).view(n, k)
 
-    def head(self, weight: torch.Tensor, packed: torch.Tensor | None) -> Q8_0Head | None:
+    def head(self, weight: torch.Tensor, packed: torch.Tensor | None = None) -> Q8_0Head | None:
         """The logits head over these blocks for a model whose float head is `weight`
-        (its oneDNN copy `packed`), or None where the kernel never applies (not an
-        fp32 CPU model or a bf16 one on a CPU with bf16 dot products, library absent,
-        another shape)."""
+        (its oneDNN copy `packed`, which a head that `takes_every_row` never reads),
+        or None where the kernel never applies (not an fp32 CPU model or a bf16 one on
+        a CPU with bf16 dot products, library absent, another shape)."""
         dtype_ok = weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and bf16_dot_products())
         usable = dtype_ok and weight.device.type == "cpu" and kernels_loaded()
         if not usable or tuple(weight.shape) != self.shape:
@@ -79,7 +92,7 @@ class Q8_0Head(nn.Module):
     codes: torch.Tensor  # int8 [N, K]
     scales: torch.Tensor  # float32 [N, K / 32]
 
-    def __init__(self, blocks: Q8_0Weight, weight: torch.Tensor, packed: torch.Tensor | None):
+    def __init__(self, blocks: Q8_0Weight, weight: torch.Tensor, packed: torch.Tensor | None = None):
         super().__init__()
         self.register_buffer("codes", blocks.codes.contiguous())
         self.register_buffer("scales", blocks.scales.contiguous())
@@ -88,12 +101,20 @@ class Q8_0Head(nn.Module):
         # fp32 inputs quantized to int8 at every row count (`--int4-activations int8`).
         self.int8_activations = False
 
+    @property
+    def takes_every_row(self) -> bool:
+        """Whether fp32 rows take the blocks at any row count (no float fallback needed)."""
+        return self.float_weight.dtype == torch.float32 and q8_0_lane_panels()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8_activations:
             y = linear_q8_0a8(x, self.codes, self.scales)
             if y is not None:
                 return y
-        few_rows = x.dim() == 2 and x.shape[0] <= Q8_0_HEAD_MAX_ROWS and not takes_packed(x, self.packed)
+        few_rows = x.dim() == 2 and (
+            (x.dtype == torch.float32 and self.takes_every_row)
+            or (x.shape[0] <= Q8_0_HEAD_MAX_ROWS and not takes_packed(x, self.packed))
+        )
         kernel = linear_q8_0_bf16 if x.dtype == torch.bfloat16 else linear_q8_0
         y = kernel(x, self.codes, self.scales) if few_rows else None
         return project(x, self.float_weight, self.packed) if y is None else y

@@ -2,7 +2,8 @@
 blocks read as gguf dequantizes them, `kiln::linear_q8_0` bit-identical to
 `kiln::linear_f32` on the dequantized weight for every row count, the head
 computing the float head's logits bit for bit on every path (kernel, packed
-oneDNN copy, torch) and taking the kernel up to Q8_0_HEAD_MAX_ROWS rows (a bf16
+oneDNN copy, torch) and taking the kernel up to Q8_0_HEAD_MAX_ROWS rows (in the
+AVX-512 builds at every row count, linear_f32's chain, no oneDNN copy kept; a bf16
 model's too, through `kiln::linear_q8_0_bf16`, where the CPU has bf16 dot products), and
 a GGUF whose head is Q8_0 (tied or not) served through it unless another
 quantization is asked for; with int8 activations
@@ -16,7 +17,7 @@ from gguf.quants import dequantize, quantize
 from transformers import LlamaForCausalLM
 
 from kiln.llm.kernels.build import cpu_supported
-from kiln.llm.kernels.ops import bf16_dot_products, kernels_loaded, pack_linear_weight
+from kiln.llm.kernels.ops import bf16_dot_products, kernels_loaded, pack_linear_weight, q8_0_lane_panels
 from kiln.llm.kernels.tuning import Q8_0_HEAD_MAX_ROWS
 from kiln.llm.layers.linear import project
 from kiln.llm.models.loader import load_checkpoint
@@ -53,7 +54,7 @@ def test_kernel_is_linear_f32_on_the_dequantized_weight(threads):
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 32, 40):
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 32, 40, 100, 257):  # above 8 rows: the lane panels in AVX-512 builds
             x = torch.randn(m, 160)
             q8 = torch.ops.kiln.linear_q8_0(x, weight.codes, weight.scales)
             assert torch.equal(q8, torch.ops.kiln.linear_f32(x, w)), m
@@ -79,10 +80,14 @@ def test_head_computes_the_float_heads_logits_on_every_path(packed):
     copy = pack_linear_weight(w) if packed else None
     head = weight.head(w, copy)
     assert isinstance(head, Q8_0Head)
-    # kernel up to 6 rows; then linear_f32; the packed copy (or linear_f32) above 32; torch above 192
+    assert head.takes_every_row == q8_0_lane_panels()
+    # AVX-512 builds: the blocks at every row count, linear_f32's chain (the float head's up to
+    # PACKED_MIN_ROWS; the packed copy is never read). Others: the kernel up to 6 rows; then
+    # linear_f32; the packed copy (or linear_f32) above 32; torch above 192.
     for m in (1, 6, 7, 32, 33, 192, 193):
         x = torch.randn(m, 128)
-        assert torch.equal(head(x), project(x, w, copy)), m
+        expected = torch.ops.kiln.linear_f32(x, w) if head.takes_every_row else project(x, w, copy)
+        assert torch.equal(head(x), expected), m
     # bf16 models keep their float head where the CPU has no bf16 dot products
     assert (weight.head(w.bfloat16(), None) is None) == (not bf16_dot_products())
     assert weight.head(w[:10], None) is None
@@ -114,9 +119,23 @@ def test_head_takes_the_kernel_up_to_its_row_limit(monkeypatch):
     monkeypatch.setattr(q8_0_head, "linear_q8_0", lambda x, *a: calls.append(x.shape[0]) or kernel(x, *a))
     weight, w = blocks(64, 96)
     head = weight.head(w, None)
-    for m in (1, Q8_0_HEAD_MAX_ROWS, Q8_0_HEAD_MAX_ROWS + 1, 32):
+    rows = [1, Q8_0_HEAD_MAX_ROWS, Q8_0_HEAD_MAX_ROWS + 1, 32, 300]
+    for m in rows:
         head(torch.randn(m, 96))
-    assert calls == [1, Q8_0_HEAD_MAX_ROWS]
+    assert calls == (rows if q8_0_lane_panels() else [1, Q8_0_HEAD_MAX_ROWS])
+
+
+@kernels
+@pytest.mark.skipif(not q8_0_lane_panels(), reason="needs an AVX-512 kernel build (the Q8_0 lane panels)")
+def test_a_q8_0_headed_model_keeps_no_onednn_copy_of_its_head(tmp_path, float_model):
+    state = dict(float_model.state_dict())
+    del state["lm_head.weight"]  # tied: the token embedding is the head
+    ckpt = load_checkpoint(write_gguf(tmp_path / "tied.gguf", state, float_model.config, {"embed_tokens.weight": T.Q8_0}))
+    model = kiln_model(ckpt)
+    assert isinstance(model.logits_head, Q8_0Head) and model.logits_head.takes_every_row
+    assert model.lm_head_packed is None and model.logits_head.packed is None
+    hidden = torch.randn(70, float_model.config.hidden_size)  # more rows than PACKED_MIN_ROWS: still the blocks
+    assert torch.equal(model.compute_logits(hidden), torch.ops.kiln.linear_f32(hidden, model.lm_head.detach()))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-// int4 weights (linear_f32.cpp's Int4Problem layout) times more than eight
-// fp32 x rows, with the int4 kernel's bits, as an outer-product GEMM (AVX-512
-// builds).
+// int4 weights (linear_f32.cpp's Int4Problem layout) or Q8_0 blocks times
+// more than eight fp32 x rows, with the bits of the eight-lane kernels
+// (linear_w4's, linear_q8_0's = linear_f32's on the dequantized weight), as
+// an outer-product GEMM (AVX-512 builds).
 //
 // The int4 kernel computes every output as eight partial sums, lane l of an
 // eight-lane accumulator holding fma(x[k], w[k], .) for k = l, l + 8, ...
@@ -15,7 +16,9 @@
 // panel (one broadcast of x and kVecs FMAs per row and k / 8, no shuffles,
 // no sums across lanes), stores the eight partial sums, and adds them in
 // hsum's order with vertical adds: the same FMAs in the same order, the same
-// bits as the int4 kernel at any M.
+// bits as the int4 kernel at any M. Q8_0 blocks (code * block scale, exact
+// in fp32: the dequantized weight) go the same way: linear_q8_0 is
+// linear_f32's chain, which is the int4 kernel's over other weights.
 // The int4 kernel's own tiles (rows widened into a buffer, two weight rows
 // per vector: an insert per pair, a sum across lanes per output) remain the
 // avx2 build's. Ice Lake, SmolLM2's four shapes x 30 layers, 2 threads, in
@@ -132,6 +135,41 @@ void widen_panel(const uint8_t* codes, const P* params, int64_t K, int64_t G, in
   }
 }
 
+// The same for Q8_0 blocks (codes int8 [N, K], scales [N, K / 32]): each
+// weight code * its block's scale, as linear_q8_0 forms it. A block of 32
+// codes of sixteen rows is eight 32-bit words a row: transposed (run_words),
+// word d holds codes 4d .. 4d + 3 of all sixteen rows, byte t of each brought
+// down and sign-extended by two shifts.
+inline void widen_panel_q8(const int8_t* codes, const float* scales, int64_t K, int64_t n0, int64_t cols,
+                           float* panel) {
+  constexpr int64_t kBlock = 32;
+  const int64_t blocks = K / kBlock, kk_count = K / kLanes;
+  const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(static_cast<int>(blocks)));
+  for (int64_t r0 = 0; r0 < kPanel; r0 += 16) {
+    const int count = static_cast<int>(std::clamp<int64_t>(cols - r0, 0, 16));
+    const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
+    const uint8_t* rows = reinterpret_cast<const uint8_t*>(codes + (n0 + r0) * K);
+    const float* row_scales = scales + (n0 + r0) * blocks;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const __m512 scale = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, index, row_scales + b, 4);
+      __m512 words[kLanes];
+      run_words(rows + b * kBlock, K, count, words);
+      for (int d = 0; d < kLanes; ++d) {
+        const __m512i w = _mm512_castps_si512(words[d]);
+        [&]<int... T>(std::integer_sequence<int, T...>) {
+          ([&] {
+            const int64_t k = b * kBlock + 4 * d + T;  // this byte's k: lane k % 8 of step k / 8
+            const __m512i q = _mm512_srai_epi32(T == 3 ? w : _mm512_slli_epi32(w, 24 - 8 * T), 24);
+            _mm512_store_ps(panel + ((k % kLanes) * kk_count + k / kLanes) * kPanel + r0,
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale));
+          }(), ...);
+        }(std::make_integer_sequence<int, 4>{});
+      }
+    }
+  }
+}
+
 // y[m, n0 ..] for the first R rows of a packed block of x (pack_x; y's row
 // stride N) against the panel; `cols` of its kPanel outputs are stored.
 // part: kLanes * R * kPanel floats of scratch.
@@ -166,9 +204,10 @@ void rows_pass(const float* xp, int64_t K, const float* panel, float* part, floa
     }
 }
 
-// y[M, N] = x[M, K] @ W^T for int4 codes [N, K / 2] with (scale, min) per group of G.
-template <typename P>
-void run(const float* x, const uint8_t* codes, const P* params, float* y, int64_t M, int64_t N, int64_t K, int64_t G) {
+// y[M, N] = x[M, K] @ W^T, widen(n0, cols, panel) filling a panel with
+// weight rows [n0, n0 + cols) lane major (widen_panel, widen_panel_q8).
+template <typename Widen>
+void run_panels(const float* x, float* y, int64_t M, int64_t N, int64_t K, const Widen& widen) {
   using Pass = void (*)(const float*, int64_t, const float*, float*, float*, int64_t, int64_t);
   static constexpr auto passes = []<int... I>(std::integer_sequence<int, I...>) {
     return std::array<Pass, kRows>{&rows_pass<I + 1>...};
@@ -187,12 +226,26 @@ void run(const float* x, const uint8_t* codes, const P* params, float* y, int64_
                int64_t begin, int64_t end) mutable {
       for (int64_t p = begin; p < end; ++p) {
         const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-        widen_panel(codes, params, K, G, n0, cols, panel.get());
+        widen(n0, cols, panel.get());
         for (int64_t m = 0; m < M; m += kRows)
           passes[std::min<int64_t>(kRows, M - m) - 1](xp + m * K, K, panel.get(), part.get(), y + m * N + n0, N, cols);
       }
     };
   });
+}
+
+// y[M, N] = x[M, K] @ W^T for int4 codes [N, K / 2] with (scale, min) per group of G.
+template <typename P>
+void run(const float* x, const uint8_t* codes, const P* params, float* y, int64_t M, int64_t N, int64_t K, int64_t G) {
+  run_panels(x, y, M, N, K,
+             [&](int64_t n0, int64_t cols, float* panel) { widen_panel(codes, params, K, G, n0, cols, panel); });
+}
+
+// y[M, N] = x[M, K] @ W^T for Q8_0 codes int8 [N, K] with fp32 scales [N, K / 32].
+inline void run_q8_0(const float* x, const int8_t* codes, const float* scales, float* y, int64_t M, int64_t N,
+                     int64_t K) {
+  run_panels(x, y, M, N, K,
+             [&](int64_t n0, int64_t cols, float* panel) { widen_panel_q8(codes, scales, K, n0, cols, panel); });
 }
 
 }  // namespace kiln_lane_panels
