@@ -130,7 +130,8 @@ def test_head_takes_the_kernel_up_to_its_row_limit(monkeypatch):
 def test_a_q8_0_headed_model_keeps_no_onednn_copy_of_its_head(tmp_path, float_model):
     state = dict(float_model.state_dict())
     del state["lm_head.weight"]  # tied: the token embedding is the head
-    ckpt = load_checkpoint(write_gguf(tmp_path / "tied.gguf", state, float_model.config, {"embed_tokens.weight": T.Q8_0}))
+    gguf = write_gguf(tmp_path / "tied.gguf", state, float_model.config, {"embed_tokens.weight": T.Q8_0})
+    ckpt = load_checkpoint(gguf)
     model = kiln_model(ckpt)
     assert isinstance(model.logits_head, Q8_0Head) and model.logits_head.takes_every_row
     assert model.lm_head_packed is None and model.logits_head.packed is None
