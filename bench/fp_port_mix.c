@@ -14,52 +14,18 @@
 // int8 one-row kernels stay compute-bound on Zen 3") has the figures.
 //
 //   gcc -O2 -o /tmp/fp_port_mix bench/fp_port_mix.c && /tmp/fp_port_mix
-#include <stdio.h>
-#include <time.h>
-
 #define CLOBBERS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
                  "xmm11", "xmm12", "xmm13", "xmm14", "xmm15"
-static char line[64] __attribute__((aligned(64)));
-static const long kIters = 10000000;
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-// One timed pass of `body`: seconds per iteration. The registers start at zero
-// (whatever the compiler left there could be denormal floats, which some CPUs
-// take slow paths for).
-#define PASS(body)                                                                   \
-  ({                                                                                 \
-    __asm__ volatile("vzeroall" ::: CLOBBERS);                                       \
-    const double t0 = now();                                                         \
-    for (long i = 0; i < kIters; ++i) __asm__ volatile(body ::"r"(line) : CLOBBERS); \
-    (now() - t0) / kIters;                                                           \
-  })
-
-// Cycles per iteration of `body`: five passes alternated with passes of the
-// 8-FMA loop, the best of each (another process or a frequency change only
-// ever slows a pass), `body`'s best over the FMA loop's times 4.
-#define CYCLES(body)                                        \
-  ({                                                        \
-    double best = 1e9, fma_best = 1e9;                      \
-    for (int pass = 0; pass < 5; ++pass) {                  \
-      const double f = PASS(FMA8), t = PASS(body);          \
-      fma_best = f < fma_best ? f : fma_best;               \
-      best = t < best ? t : best;                           \
-    }                                                       \
-    4.0 * best / fma_best;                                  \
-  })
-
-// Eight times OP with destination ymm8 + (i % 4): results unused, no chains.
-#define X8(op) op "8\n" op "9\n" op "10\n" op "11\n" op "8\n" op "9\n" op "10\n" op "11\n"
+#define ZERO "vzeroall"
 #define FMA8 \
   "vfmadd231ps %%ymm14,%%ymm15,%%ymm0\n vfmadd231ps %%ymm14,%%ymm15,%%ymm1\n"   \
   "vfmadd231ps %%ymm14,%%ymm15,%%ymm2\n vfmadd231ps %%ymm14,%%ymm15,%%ymm3\n"   \
   "vfmadd231ps %%ymm14,%%ymm15,%%ymm4\n vfmadd231ps %%ymm14,%%ymm15,%%ymm5\n"   \
   "vfmadd231ps %%ymm14,%%ymm15,%%ymm6\n vfmadd231ps %%ymm14,%%ymm15,%%ymm7\n"
+#include "fp_port_mix.h"
+
+// Eight times OP with destination ymm8 + (i % 4): results unused, no chains.
+#define X8(op) op "8\n" op "9\n" op "10\n" op "11\n" op "8\n" op "9\n" op "10\n" op "11\n"
 #define SHIFT "vpsrld $4,%%ymm12,%%ymm"
 #define CVT "vcvtdq2ps %%ymm12,%%ymm"
 #define AND "vpand %%ymm13,%%ymm12,%%ymm"

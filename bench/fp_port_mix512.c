@@ -15,59 +15,19 @@
 // docs/benchmarks.md ("On Ice Lake: what the one-row kernels' vectors cost").
 //
 //   gcc -O2 -o /tmp/fp_port_mix512 bench/fp_port_mix512.c && /tmp/fp_port_mix512
-#include <stdio.h>
-#include <time.h>
-
 #define CLOBBERS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
                  "xmm11", "xmm12", "xmm13", "xmm14", "xmm15"
-static char line[64] __attribute__((aligned(64)));
-static const long kIters = 10000000;
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-// One timed pass of `body`: seconds per iteration, registers zeroed first (no
-// denormal slow paths).
-#define PASS(body)                                                                   \
-  ({                                                                                 \
-    __asm__ volatile("vpxord %%zmm0,%%zmm0,%%zmm0\n vpxord %%zmm1,%%zmm1,%%zmm1\n"   \
-                     "vpxord %%zmm2,%%zmm2,%%zmm2\n vpxord %%zmm3,%%zmm3,%%zmm3\n"   \
-                     "vpxord %%zmm4,%%zmm4,%%zmm4\n vpxord %%zmm5,%%zmm5,%%zmm5\n"   \
-                     "vpxord %%zmm6,%%zmm6,%%zmm6\n vpxord %%zmm7,%%zmm7,%%zmm7\n"   \
-                     "vpxord %%zmm8,%%zmm8,%%zmm8\n vpxord %%zmm9,%%zmm9,%%zmm9\n"   \
-                     "vpxord %%zmm10,%%zmm10,%%zmm10\n vpxord %%zmm11,%%zmm11,%%zmm11\n" \
-                     "vpxord %%zmm12,%%zmm12,%%zmm12\n vpxord %%zmm13,%%zmm13,%%zmm13\n" \
-                     "vpxord %%zmm14,%%zmm14,%%zmm14\n vpxord %%zmm15,%%zmm15,%%zmm15\n" \
-                     ::: CLOBBERS);                                                  \
-    const double t0 = now();                                                         \
-    for (long i = 0; i < kIters; ++i) __asm__ volatile(body ::"r"(line) : CLOBBERS); \
-    (now() - t0) / kIters;                                                           \
-  })
-
-// Best of five passes each of `body` and of the 8-FMA loop, alternated;
-// `body`'s best over the FMA loop's, times 4.
-#define CYCLES(body)                               \
-  ({                                               \
-    double best = 1e9, fma_best = 1e9;             \
-    for (int pass = 0; pass < 5; ++pass) {         \
-      const double f = PASS(FMA8), t = PASS(body); \
-      fma_best = f < fma_best ? f : fma_best;      \
-      best = t < best ? t : best;                  \
-    }                                              \
-    4.0 * best / fma_best;                         \
-  })
-
-// Eight times OP with destination zmm8 + (i % 4): results unused, no chains.
-#define X8(op) op "8\n" op "9\n" op "10\n" op "11\n" op "8\n" op "9\n" op "10\n" op "11\n"
+#define ZERO "vzeroall"  // zeroes the whole of zmm0-15 too
 #define FMA8_OF(r)                                                                         \
   "vfmadd231ps %%" r "14,%%" r "15,%%" r "0\n vfmadd231ps %%" r "14,%%" r "15,%%" r "1\n"   \
   "vfmadd231ps %%" r "14,%%" r "15,%%" r "2\n vfmadd231ps %%" r "14,%%" r "15,%%" r "3\n"   \
   "vfmadd231ps %%" r "14,%%" r "15,%%" r "4\n vfmadd231ps %%" r "14,%%" r "15,%%" r "5\n"   \
   "vfmadd231ps %%" r "14,%%" r "15,%%" r "6\n vfmadd231ps %%" r "14,%%" r "15,%%" r "7\n"
 #define FMA8 FMA8_OF("zmm")
+#include "fp_port_mix.h"
+
+// Eight times OP with destination zmm8 + (i % 4): results unused, no chains.
+#define X8(op) op "8\n" op "9\n" op "10\n" op "11\n" op "8\n" op "9\n" op "10\n" op "11\n"
 #define SHIFT "vpsrld $4,%%zmm12,%%zmm"
 #define PERMUTE "vpermps %%zmm13,%%zmm12,%%zmm"
 #define SHUFFLE "vpshufb %%zmm13,%%zmm12,%%zmm"
@@ -77,7 +37,7 @@ static double now(void) {
 
 // One pair vector of the int4 one-row pass (two weight rows, eight codes each):
 // code words zmm12, table 0..15 zmm13, scale zmm15, min zmm14, x zmm11;
-// accumulator zmm<acc> (zmm0-7), temporary zmm<t>. `bring` puts the code
+// accumulator zmm<acc> (zmm0-7), temporary zmm<t>. The shift (or shuffle) puts the code
 // in the low four bits of zmm<t>'s lanes.
 #define INT4_TAIL(acc, t)                                                                    \
   "vpermps %%zmm13,%%zmm" t ",%%zmm" t "\n vfmadd213ps %%zmm14,%%zmm15,%%zmm" t "\n"          \
