@@ -1,7 +1,7 @@
 // int4 weights (linear_f32.cpp's Int4Problem layout) or Q8_0 blocks times
 // more than eight fp32 x rows, with the bits of the eight-lane kernels
 // (linear_w4's, linear_q8_0's = linear_f32's on the dequantized weight), as
-// an outer-product GEMM (AVX-512 builds).
+// an outer-product GEMM (the avx512 and avx512_vnni builds: KILN_AVX512).
 //
 // The int4 kernel computes every output as eight partial sums, lane l of an
 // eight-lane accumulator holding fma(x[k], w[k], .) for k = l, l + 8, ...

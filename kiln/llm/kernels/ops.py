@@ -162,9 +162,11 @@ def linear_w8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> to
 
 def q8_0_lane_panels() -> bool:
     """Whether the loaded build runs linear_q8_0 above 8 rows as lane-major
-    outer-product panels (the AVX-512 builds: as fast as oneDNN's fp32 GEMM on
-    the float weight from 32 rows, with linear_f32's bits at any row count)."""
-    return loaded_library() in ("avx512", "avx512_vnni", "avx512_bf16")
+    outer-product panels (the avx512 and avx512_vnni builds: as fast as
+    oneDNN's fp32 GEMM on the float weight from 32 rows, with linear_f32's
+    bits at any row count). The avx512_bf16 build compiles its fp32 kernels
+    without KILN_AVX512 (eight lanes wide), so not there."""
+    return loaded_library() in ("avx512", "avx512_vnni")
 
 
 def linear_q8_0(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:

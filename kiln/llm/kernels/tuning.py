@@ -31,7 +31,7 @@ INT4_DEQUANT_MIN_ROWS = 192
 # PACKED_MIN_ROWS). The Q8_0 kernel converts every code for every pass of rows, so it is bound by compute
 # once the rows cover the bytes it saves. SmolLM2's head (49152 x 576), AMD EPYC Zen 1, 2 threads, ms,
 # linear_q8_0 / linear_f32: 1 row 3.19 / 5.29; 4: 5.56 / 6.80; 6: 7.67 / 7.77; 7: 8.57 / 7.94; 8: 10.2 / 9.3;
-# 9: 14.2 / 9.5; 16: 22.2 / 14.8; 32: 48.0 / 33.3 (2026-12-03). Re-tune: bench/q8_0_head.py. The AVX-512
+# 9: 14.2 / 9.5; 16: 22.2 / 14.8; 32: 48.0 / 33.3 (2026-12-03). Re-tune: bench/q8_0_head.py. The avx512(_vnni)
 # builds run linear_q8_0 above 8 rows as lane panels (blocks widened once per call; Ice Lake, 2 threads, ms
 # against oneDNN on the packed float head: 16 rows 6.45 / 7.84, 32: 9.35 / 9.86, 64: 15.4 / 14.8, 256: 56.3 /
 # 53.8), so there an fp32 head takes its blocks at every row count and this limit does not apply.

@@ -10,8 +10,8 @@ float head's. Converting every code for every pass of rows makes it
 compute-bound from a few rows, so the head takes the kernel up to
 Q8_0_HEAD_MAX_ROWS fp32 rows (decode of a few requests, where the bytes it
 saves decide) and the float path above (linear_f32, then the packed oneDNN
-copy): no step of any size computes other logits than before. The AVX-512
-builds widen the blocks once per call above 8 rows (lane_panels.h: within
+copy): no step of any size computes other logits than before. The avx512 and
+avx512_vnni builds widen the blocks once per call above 8 rows (lane_panels.h: within
 0.93-0.96x of oneDNN's GEMM from 64 rows, 1.05-1.5x faster up to 32, Ice
 Lake), so there an fp32 head takes the blocks at every row count
 (`takes_every_row`): no oneDNN copy of the head is made (SmolLM2: 113 MB),

@@ -3,7 +3,7 @@ blocks read as gguf dequantizes them, `kiln::linear_q8_0` bit-identical to
 `kiln::linear_f32` on the dequantized weight for every row count, the head
 computing the float head's logits bit for bit on every path (kernel, packed
 oneDNN copy, torch) and taking the kernel up to Q8_0_HEAD_MAX_ROWS rows (in the
-AVX-512 builds at every row count, linear_f32's chain, no oneDNN copy kept; a bf16
+avx512 / avx512_vnni builds at every row count, linear_f32's chain, no oneDNN copy kept; a bf16
 model's too, through `kiln::linear_q8_0_bf16`, where the CPU has bf16 dot products), and
 a GGUF whose head is Q8_0 (tied or not) served through it unless another
 quantization is asked for; with int8 activations
@@ -54,7 +54,7 @@ def test_kernel_is_linear_f32_on_the_dequantized_weight(threads):
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 32, 40, 100, 257):  # above 8 rows: the lane panels in AVX-512 builds
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 32, 40, 100, 257):  # above 8 rows: lane panels (avx512, avx512_vnni)
             x = torch.randn(m, 160)
             q8 = torch.ops.kiln.linear_q8_0(x, weight.codes, weight.scales)
             assert torch.equal(q8, torch.ops.kiln.linear_f32(x, w)), m
@@ -81,7 +81,7 @@ def test_head_computes_the_float_heads_logits_on_every_path(packed):
     head = weight.head(w, copy)
     assert isinstance(head, Q8_0Head)
     assert head.takes_every_row == q8_0_lane_panels()
-    # AVX-512 builds: the blocks at every row count, linear_f32's chain (the float head's up to
+    # avx512(_vnni) builds: the blocks at every row count, linear_f32's chain (the float head's up to
     # PACKED_MIN_ROWS; the packed copy is never read). Others: the kernel up to 6 rows; then
     # linear_f32; the packed copy (or linear_f32) above 32; torch above 192.
     for m in (1, 6, 7, 32, 33, 192, 193):
@@ -126,7 +126,7 @@ def test_head_takes_the_kernel_up_to_its_row_limit(monkeypatch):
 
 
 @kernels
-@pytest.mark.skipif(not q8_0_lane_panels(), reason="needs an AVX-512 kernel build (the Q8_0 lane panels)")
+@pytest.mark.skipif(not q8_0_lane_panels(), reason="needs the avx512 or avx512_vnni build (the Q8_0 lane panels)")
 def test_a_q8_0_headed_model_keeps_no_onednn_copy_of_its_head(tmp_path, float_model):
     state = dict(float_model.state_dict())
     del state["lm_head.weight"]  # tied: the token embedding is the head
