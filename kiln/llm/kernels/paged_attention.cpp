@@ -31,8 +31,12 @@
 #include "parallel_chunks.h"
 #include "lanes.h"
 #include "simd.h"
-// Sixteen lanes in both AVX-512 builds (only AVX-512F is used).
-#ifdef KILN_LANES16
+// Sixteen lanes in the avx512_bf16 build only (AVX-512F is all it uses; 7-15%
+// faster than eight on Zen 4, docs/benchmarks.md). The avx512 and avx512_vnni
+// builds attend on eight lanes, the avx2 build's code and bits: on Ice Lake,
+// from memory (the pool of a real step), eight lanes ran 1.19-1.28x faster at
+// 8-64 sequences and level at one (bench/paged_attention.py, 2026-12-07).
+#if KILN_AVX512_BF16
 #define KILN_ATTEND_LANES16 1
 #endif
 
@@ -99,9 +103,9 @@ inline void score_run(const float* qg, const KV* key, int64_t key_stride, int64_
 // for bit: the same pairs added in the same order (lanes i + i+8, then
 // i + i+4, i + i+2, i + i+1), R vectors per instruction instead of one. With
 // a head dimension of 64, a score is four FMAs and reduce16 seven dependent
-// instructions: on Ice Lake 0.96-1.24x for contexts in cache (2-8 sequences
-// 1.05-1.24x), 0.97-1.03x from memory, where the pool's bytes bound pass 1
-// (docs/benchmarks.md).
+// instructions: on Ice Lake (measured when the avx512 builds attended on 16
+// lanes) 0.96-1.24x for contexts in cache (2-8 sequences 1.05-1.24x),
+// 0.97-1.03x from memory (docs/benchmarks.md).
 template <int R>
 inline void store_sums(const __m512 (&v)[R], float scale, float* out) {
   static_assert(R == 4 || R == 8);
@@ -177,7 +181,12 @@ void score_keys(const float* q, const KV* kp, const KV* vp, const int64_t* table
     // anywhere in the pool, so the hardware prefetcher cannot run ahead of a
     // block boundary (into L1 instead, or all at the block's start: slower).
     const KV* next_keys = t0 + block_size < t_end ? kp + table[t0 / block_size + 1] * block_size * KVH * D : nullptr;
-    auto prefetch = [&](int64_t i) {
+    // Inlined by force: GCC left this lambda out of line in the avx2 and
+    // avx512 builds, and its call per slot made the loop spill and reload
+    // vector registers around it; inlined, the eight-lane kernel ran 1.11x
+    // (fp32 pool) and 1.45x (fp16) faster from memory on Ice Lake (64
+    // sequences, 320 keys; outputs equal).
+    auto prefetch = [&](int64_t i) __attribute__((always_inline)) {
       const int64_t row = (base + i) * KVH;
       for (int64_t off = g0 * D * sizeof(KV); off < g1 * D * sizeof(KV); off += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(vp + row * D) + off, _MM_HINT_T1);
