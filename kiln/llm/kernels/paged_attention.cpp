@@ -34,8 +34,9 @@
 // Sixteen lanes in the avx512_bf16 build only (AVX-512F is all it uses; 7-15%
 // faster than eight on Zen 4, docs/benchmarks.md). The avx512 and avx512_vnni
 // builds attend on eight lanes, the avx2 build's code and bits: on Ice Lake,
-// from memory (the pool of a real step), eight lanes ran 1.19-1.28x faster at
-// 8-64 sequences and level at one (bench/paged_attention.py, 2026-12-07).
+// from memory (the pool of a real step), 1.05-1.27x faster than sixteen lanes
+// at 8-64 sequences (both with the prefetch below inlined), level at one
+// (bench/paged_attention.py, 2026-12-07).
 #if KILN_AVX512_BF16
 #define KILN_ATTEND_LANES16 1
 #endif
