@@ -374,7 +374,16 @@ struct QueryRows {
 // / 192 / 250 keys from DRAM (where a decode step finds them: the weights
 // stream through L3 between layers) and 0.89-0.98x from L3 (Zen 3, batch 1,
 // docs/benchmarks.md). Re-tune: bench/paged_attention.py --batch 1.
+// The avx512 and avx512_vnni builds run on Intel Xeons, where the split cost
+// more than it saved below ~400 keys: on Ice Lake, one sequence with a 9 MB
+// read between calls (a layer's weights), split / not split 1.25x at 48
+// keys, 1.14-1.15x at 160, 1.08-1.10x at 256, 1.00-1.02x at 384, 0.94-0.95x
+// at 640 (2026-12-07, docs/benchmarks.md).
+#if KILN_AVX512
+constexpr int64_t kSplitMinKeys = 384;
+#else
 constexpr int64_t kSplitMinKeys = 48;
+#endif
 
 // Fewer sequences than threads, and their (sequence, kv head) items cannot be
 // shared evenly (one sequence's three kv heads on two threads: one thread

@@ -70,9 +70,10 @@ tables = torch.randperm(40, generator=g)[:36].reshape(4, 9)
 lens = torch.tensor([1, 17, 100, 144])
 q = torch.randn(4, heads, dim, generator=g)
 out["attention"] = ops.paged_decode_attention(q, k_pool, v_pool, tables, lens, block)
-# One sequence of 100 keys: split between the threads (attend_split), an fp32 pool, bf16 queries.
-out["attention split"] = ops.paged_decode_attention(q[2:3].bfloat16(), k_pool.float(), v_pool.float(), tables[2:3],
-                                                    lens[2:3], block)
+# One sequence of 500 keys: split between the threads (attend_split) in both builds, an fp32 pool, bf16 queries.
+out["attention split"] = ops.paged_decode_attention(q[2:3].bfloat16(), k_pool.float(), v_pool.float(),
+                                                    torch.randperm(40, generator=g)[:32].reshape(1, 32),
+                                                    torch.tensor([500]), block)
 buffer = io.BytesIO()
 torch.save(out, buffer)
 sys.stdout.buffer.write(buffer.getvalue())
