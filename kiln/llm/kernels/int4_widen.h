@@ -122,14 +122,17 @@ inline void widen_row(const uint8_t* codes, const P* params, O* out, int64_t K, 
 // x row over it. linear_w4 (fp32 tiles, linear_f32.cpp) and linear_w4_bf16
 // (bf16, linear_bf16.cpp).
 //
-// The buffer has kSlackRows rows more than a tile: the micro-kernels that pass
+// The buffer has slack_rows rows more than a tile: the micro-kernels that pass
 // over it prefetch weight rows ahead of those they multiply, up to
-// (kPrefetchPasses + 1) x 4 rows past the tile's last, and those lines must be
-// this thread's own. Without the slack they were the neighbouring heap memory,
-// the other thread's buffer as it was being widened: on Zen 1 that sharing
-// cost 2 threads 3x the CPU time of one (linear_w4 at 64 rows: 11.0 ms wall vs
-// 4.0 ms with the slack, one thread 7.6 ms).
+// max(kPrefetchPasses x 4 rows, kPrefetchMinBytes) past the tile's last, and
+// those lines must be this thread's own. Without the slack they were the
+// neighbouring heap memory, the other thread's buffer as it was being widened:
+// on Zen 1 that sharing cost 2 threads 3x the CPU time of one (linear_w4 at 64
+// rows: 11.0 ms wall vs 4.0 ms with the slack, one thread 7.6 ms).
 constexpr int64_t kSlackRows = 16;
+inline int64_t slack_rows(int64_t row_bytes) {
+  return std::max<int64_t>(kSlackRows, kiln_linear::kPrefetchMinBytes / row_bytes + 2);
+}
 
 template <typename O, typename P, typename Widen, typename Use>
 void over_widened_tiles(const uint8_t* codes, const P* scale_min, int64_t K, int64_t N, int64_t G, int64_t tile,
@@ -137,7 +140,7 @@ void over_widened_tiles(const uint8_t* codes, const P* scale_min, int64_t K, int
   static_assert((kiln_linear::kPrefetchPasses + 1) * 4 <= kSlackRows);
   const int64_t groups = K / G;
   kiln_parallel::guided_for(N, grain, [&] {
-    return [&, widened = std::vector<O>((tile + kSlackRows) * K)](int64_t n_begin, int64_t n_end) mutable {
+    return [&, widened = std::vector<O>((tile + slack_rows(K * sizeof(O))) * K)](int64_t n_begin, int64_t n_end) mutable {
       for (int64_t t0 = n_begin; t0 < n_end; t0 += tile) {
         const int64_t rows = std::min(tile, n_end - t0);
         for (int64_t r = 0; r < rows; ++r)

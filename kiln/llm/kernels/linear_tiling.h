@@ -37,24 +37,36 @@
 
 namespace kiln_linear {
 
-// Weight rows are software-prefetched this many micro-kernel passes ahead.
+// Weight rows are software-prefetched this many micro-kernel passes ahead,
+// and at least kPrefetchMinBytes ahead.
 #ifndef KILN_PREFETCH_PASSES
 #define KILN_PREFETCH_PASSES 1
 #endif
 constexpr int kPrefetchPasses = KILN_PREFETCH_PASSES;
+// A pass of one int8 row of 576 bytes (SmolLM2's K) put the prefetch only
+// ~9 lines ahead, less than a DRAM latency's worth of bytes at a thread's
+// share of the bandwidth, so each miss waited. With 4 KB: int8 one-row
+// projections 1.05-1.08x faster, the int8 Q8_0 head 1.06x, int4 1.04x, four
+// rows 1.08x; fp32 and bf16 (passes of 4.6-9.2 KB already) unchanged; 2 KB
+// and 8 KB no better (Ice Lake, 2 threads, docs/benchmarks.md).
+#ifndef KILN_PREFETCH_MIN_BYTES
+#define KILN_PREFETCH_MIN_BYTES 4096
+#endif
+constexpr int64_t kPrefetchMinBytes = (KILN_PREFETCH_MIN_BYTES + 63) / 64 * 64;
 
-// Requests weight rows kPrefetchPasses passes ahead. A pass reads NR
-// consecutive rows (row_bytes each) side by side, and the rows of the pass
-// ahead are one contiguous run of NR * row_bytes bytes. Called once for every
-// 64 bytes a pass advances along its rows (`offset` bytes done), this asks for
-// NR lines of that run in address order, so by the end of the pass all of it
-// was requested as one linear stream. Asking for the same line of each of the
-// NR rows instead (NR streams side by side) read 1.05-1.3x slower from DRAM on
+// Requests weight rows max(kPrefetchPasses passes, kPrefetchMinBytes) ahead.
+// A pass reads NR consecutive rows (row_bytes each) side by side, and the rows
+// of the passes ahead are one contiguous run. Called once for every 64 bytes a
+// pass advances along its rows (`offset` bytes done), this asks for NR lines
+// of that run in address order, so the weights are requested as one linear
+// stream a fixed distance ahead. Asking for the same line of each of the NR
+// rows instead (NR streams side by side) read 1.05-1.3x slower from DRAM on
 // one Zen 3 thread (bench/weight_streams.c), and the int8 and bf16 one-row
 // kernels ran 1.1-1.45x faster this way (docs/benchmarks.md).
 template <int NR>
 inline void prefetch_ahead(const void* pass, int64_t row_bytes, int64_t offset) {
-  const char* run = static_cast<const char*>(pass) + (kPrefetchPasses * row_bytes + offset) * NR;
+  const int64_t ahead = std::max<int64_t>(kPrefetchPasses * row_bytes * NR, kPrefetchMinBytes);
+  const char* run = static_cast<const char*>(pass) + ahead + offset * NR;
   for (int j = 0; j < NR; ++j) _mm_prefetch(run + 64 * j, _MM_HINT_T0);
 }
 // sums[m][n] = kiln_simd::hsum(acc[m][n]), bit for bit; four rows at a time
