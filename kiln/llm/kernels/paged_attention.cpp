@@ -260,8 +260,8 @@ void weigh_values(const KV* vp, const int64_t* table, int64_t first, int64_t end
 
 // One work item: sequence b, kv heads [g0, g1), each with its G query heads:
 // all its keys scored, each score row softmaxed, then the values weighed per
-// kv head and slice of S vectors of the head dimension (AVX2: 4 x 8 floats
-// on an fp32 pool where G x 4 accumulators fit, else 2 x 8; 16 lanes: 4 x 16 where G x 4
+// kv head and slice of S vectors of the head dimension (8 lanes: 4 x 8 floats
+// where G x 4 accumulators fit (AVX2: fp32 pools only), else 2 x 8; 16 lanes: 4 x 16 where G x 4
 // accumulators fit, else 1 x 16), reading the values from L2 where pass 1
 // prefetched them.
 template <int G, int S, typename V, typename KV>
@@ -295,9 +295,9 @@ using WeighFn = void (*)(const KV*, const int64_t*, int64_t, int64_t, int64_t, i
 
 // Head dimensions per pass 2 item when a sequence's work is split: kSplitSlice
 // floats (two AVX2 vectors or one 16-lane vector; D % 16 == 0 always), or
-// kSplitSliceWide (the AVX2 build on an fp32 pool where G x 4 accumulators
-// fit, as `attend`'s four slices): two cache lines of each slot's values per
-// item instead of one, 1.07-1.10x at batch 1 on Zen 3 (docs/benchmarks.md).
+// kSplitSliceWide (8 lanes where `attend` takes four slices): two cache lines
+// of each slot's values per item instead of one, 1.07-1.10x at batch 1 on Zen
+// 3 (docs/benchmarks.md).
 constexpr int64_t kSplitSlice = 16, kSplitSliceWide = 32;
 
 // The kernels for a GQA group size: the whole item, and its two passes for
@@ -322,9 +322,17 @@ GroupKernels<KV> kernels_for_group(int group, int64_t D, std::integer_sequence<i
   ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 16, V, KV, true> : k.weigh), ...);
 #else
   using V = Lanes8;
-  // An fp32 pool: four 8-lane slices of outputs per pass where G x 4 accumulators fit in 12 registers (the
-  // values are FMA memory operands), else two (16-bit pools: two, measured no slower).
-  const bool wide = std::is_same_v<KV, float> && D % 32 == 0 && group <= 3;
+  // Four 8-lane slices of outputs per pass where G x 4 accumulators fit, else two. An fp32 pool's values are
+  // FMA memory operands, so the 12 accumulators fit AVX2's 16 registers; a 16-bit pool's are widened into
+  // registers first, which only the avx512 builds' 32 registers hold: there four slices ran 1.04-1.12x
+  // faster than two on Ice Lake (fp16 and bf16 pools, 1-64 sequences, docs/benchmarks.md). The avx2 build
+  // takes two on 16-bit pools (measured no slower than four on Zen 3).
+#if KILN_AVX512
+  constexpr bool kWide16Bit = true;
+#else
+  constexpr bool kWide16Bit = false;
+#endif
+  const bool wide = (std::is_same_v<KV, float> || kWide16Bit) && D % 32 == 0 && group <= 3;
   ((k.attend = group == G + 1 ? (wide ? attend<G + 1, (G < 3 ? 4 : 2), V, KV> : attend<G + 1, 2, V, KV>)
                               : k.attend), ...);
   if (wide) k.slice = kSplitSliceWide;
