@@ -2,8 +2,10 @@
 // values read in place from the paged pool through block tables. The pool
 // holds fp32, fp16 or bf16 (`kv_cache_dtype`); 16-bit entries are widened to
 // fp32 in registers, so the arithmetic is fp32 either way and a 16-bit pool
-// halves the bytes this memory-bound kernel reads. Queries may be fp32, bf16
-// or fp16 (a 16-bit model's); the output takes their dtype, rounded once.
+// halves the bytes this memory-bound kernel reads (the avx512_bf16 build
+// scores a bf16 pool against bf16 queries on bf16 dot products: dot_chains).
+// Queries may be fp32, bf16 or fp16 (a 16-bit model's); the output takes
+// their dtype, rounded once.
 //
 // The torch reference gathers every context into a padded batch before
 // SDPA, so each key is read, written and read again. Here each sequence
@@ -14,8 +16,10 @@
 // keys at context_len - window; `softcap` > 0 soft-caps the scores (Gemma 2).
 // The avx512_bf16 build runs the same passes on 16-lane vectors and keeps up
 // to 64 head dims of outputs in registers per pass over the values (7-15%
-// faster on Zen 4, docs/benchmarks.md); its dot products sum their lanes in
-// another order than the AVX2 build's, so the two builds agree to rounding.
+// faster on Zen 4, docs/benchmarks.md; with its prefetches paced, 1.06x
+// faster than the avx2 build there, 2026-12-07); its dot products sum their
+// lanes in another order than the AVX2 build's, so the two builds agree to
+// rounding.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -66,14 +70,62 @@ using kiln_lanes::Lanes16;
 template <int G>
 constexpr int kKeysAtOnce = G == 1 ? 8 : G <= 3 ? 4 : G <= 6 ? 2 : 1;
 
+// Soft-capped as transformers does: cap * tanh(s / cap) (softcap > 0: Gemma 2).
+inline void soft_cap(float* row, int n, float softcap) {
+  if (softcap > 0)
+    for (int k = 0; k < n; ++k) row[k] = std::tanh(row[k] / softcap) * softcap;
+}
+
+#if KILN_AVX512_BF16
+// Scores by bf16 dot products, for a bf16 pool and bf16 queries (a bf16
+// model's, whose fp32 rows here are exact widenings, narrowed back exactly):
+// vdpbf16ps adds two head dims' products per lane, so a 64-dim score is two
+// instructions on the keys as stored (four key widenings and four FMAs per
+// query head with fp32 lanes). Each score is still one chain along the head
+// dimension whatever the keys beside it, its lanes summed by reduce16's
+// tree, so batch and split leave its bits alone; the lanes pair the head
+// dims other than the fp32 chains do, which it agrees with to rounding.
+inline __m512bh query_pairs(const float* q) { return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 16), _mm512_loadu_ps(q)); }
+
+// The chains of G query heads against K consecutive keys; before_step(k, d)
+// runs before key k's step at head dim d (score_keys paces its prefetches
+// by it).
+template <int G, int K, typename BeforeStep>
+inline void dot_chains(const float* qg, const c10::BFloat16* key, int64_t key_stride, int64_t D,
+                       __m512 (&dots)[G][K], BeforeStep before_step) {
+  for (int j = 0; j < G; ++j)
+    for (int k = 0; k < K; ++k) dots[j][k] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 32) {
+    __m512bh qv[G];
+    for (int j = 0; j < G; ++j) qv[j] = query_pairs(qg + j * D + d);
+    for (int k = 0; k < K; ++k) {
+      before_step(k, d);
+      const __m512bh kv = (__m512bh)_mm512_loadu_si512(key + k * key_stride + d);
+      for (int j = 0; j < G; ++j) dots[j][k] = _mm512_dpbf16_ps(dots[j][k], qv[j], kv);
+    }
+  }
+}
+#endif
+
 // Scores of K consecutive keys (slot rows `row`, `row + KVH`, ...) against
 // kv head g's G query heads into score rows `out` (stride ctx), columns
 // [0, K): each a chain of FMAs along the head dimension, lanes summed by
 // V::sum (AVX2, K a multiple of 4: hsum4, the same bits four at a time).
-template <int G, int K, typename V, typename KV>
+template <int G, int K, typename V, typename KV, bool kDot = false>
 inline void score_run(const float* qg, const KV* key, int64_t key_stride, int64_t D, float scale, float softcap,
                       float* out, int64_t ctx) {
   using Vec = typename V::Vec;
+#if KILN_AVX512_BF16
+  if constexpr (kDot) {
+    __m512 dots[G][K];
+    dot_chains<G, K>(qg, key, key_stride, D, dots, [](int, int64_t) {});
+    for (int j = 0; j < G; ++j) {
+      for (int k = 0; k < K; ++k) out[j * ctx + k] = V::sum(dots[j][k]) * scale;
+      soft_cap(out + j * ctx, K, softcap);
+    }
+    return;
+  }
+#endif
   Vec dots[K][G];
   for (int k = 0; k < K; ++k)
     for (int j = 0; j < G; ++j) dots[k][j] = V::zero();
@@ -94,8 +146,7 @@ inline void score_run(const float* qg, const KV* key, int64_t key_stride, int64_
     } else {
       for (int k = 0; k < K; ++k) row[k] = V::sum(dots[k][j]) * scale;
     }
-    if (softcap > 0)  // soft-capped as transformers does: cap * tanh(s / cap)
-      for (int k = 0; k < K; ++k) row[k] = std::tanh(row[k] / softcap) * softcap;
+    soft_cap(row, K, softcap);
   }
 }
 
@@ -136,28 +187,39 @@ inline void store_sums(const __m512 (&v)[R], float scale, float* out) {
 template <int G>
 constexpr int kTreeKeys = G <= 3 ? 8 : G <= 6 ? 4 : 0;
 
-// score_run's scores for R consecutive keys and kv head g's G query heads,
-// the lanes summed R at a time: the same FMA chains and sums, so the same bits.
-template <int G, int R, typename KV>
-inline void score_tree(const float* qg, const KV* key, int64_t key_stride, int64_t D, float scale, float softcap,
-                       float* out, int64_t ctx) {
+// The FMA chains of score_run<G, R, Lanes16> for R consecutive keys, the
+// accumulators laid out for store_sums; before_step as in dot_chains.
+template <int G, int R, typename KV, typename BeforeStep>
+inline void fma_chains(const float* qg, const KV* key, int64_t key_stride, int64_t D, __m512 (&dots)[G][R],
+                       BeforeStep before_step) {
   using V = Lanes16;
-  __m512 dots[G][R];
   for (int j = 0; j < G; ++j)
     for (int r = 0; r < R; ++r) dots[j][r] = V::zero();
   for (int64_t d = 0; d < D; d += 16) {
     __m512 qv[G];
     for (int j = 0; j < G; ++j) qv[j] = V::load(qg + j * D + d);
     for (int r = 0; r < R; ++r) {
+      before_step(r, d);
       const __m512 kv = V::load(key + r * key_stride + d);
       for (int j = 0; j < G; ++j) dots[j][r] = V::fma(qv[j], kv, dots[j][r]);
     }
   }
+}
+
+// score_run's scores for R consecutive keys and kv head g's G query heads,
+// the lanes summed R at a time: the same chains and sums, so the same bits.
+template <int G, int R, typename KV, bool kDot, typename BeforeStep>
+inline void score_tree(const float* qg, const KV* key, int64_t key_stride, int64_t D, float scale, float softcap,
+                       float* out, int64_t ctx, BeforeStep before_step) {
+  __m512 dots[G][R];
+  if constexpr (kDot) {
+    dot_chains<G, R>(qg, key, key_stride, D, dots, before_step);
+  } else {
+    fma_chains<G, R>(qg, key, key_stride, D, dots, before_step);
+  }
   for (int j = 0; j < G; ++j) {
-    float* row = out + j * ctx;
-    store_sums<R>(dots[j], scale, row);
-    if (softcap > 0)
-      for (int r = 0; r < R; ++r) row[r] = std::tanh(row[r] / softcap) * softcap;
+    store_sums<R>(dots[j], scale, out + j * ctx);
+    soft_cap(out + j * ctx, R, softcap);
   }
 }
 #endif
@@ -169,8 +231,9 @@ inline void score_tree(const float* qg, const KV* key, int64_t key_stride, int64
 // next block's keys into L2. Score row h = (g - g0) * G + j, column
 // t - first, row stride end - first. Each score is one chain of FMAs along
 // the head dimension, whatever the range or the keys scored beside it: a
-// split of the keys between threads leaves the bits alone.
-template <int G, typename V, typename KV>
+// split of the keys between threads leaves the bits alone. kDot: bf16 dot
+// products (dot_chains) in place of the FMA chains.
+template <int G, typename V, typename KV, bool kDot = false>
 void score_keys(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
                 int64_t t_begin, int64_t t_end, int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1,
                 float scale, float softcap, float* scores) {
@@ -197,25 +260,38 @@ void score_keys(const float* q, const KV* kp, const KV* vp, const int64_t* table
     int64_t i = std::max<int64_t>(t_begin - t0, 0);
 #ifdef KILN_ATTEND_LANES16
     if constexpr (std::is_same_v<V, Lanes16> && kTreeKeys<G> > 0) {
+      // The same requests paced through the scoring: before key r's step at
+      // head dim d, the line of its slot's values for kv head g that starts
+      // there and the next block's key line beside it. Issued at once, R
+      // slots' requests (96 lines: 8 bf16 slots of 3 kv heads) stalled the
+      // core until the misses drained; paced, 64 sequences of 320 keys ran
+      // 1.35-1.41x faster from memory on Zen 4 (docs/benchmarks.md).
+      auto prefetch_line = [&](int64_t slot, int64_t g, int64_t d) __attribute__((always_inline)) {
+        if (d * sizeof(KV) % 64 != 0) return;
+        const int64_t off = (g * D + d) * sizeof(KV);
+        _mm_prefetch(reinterpret_cast<const char*>(vp + (base + slot) * KVH * D) + off, _MM_HINT_T1);
+        if (next_keys) _mm_prefetch(reinterpret_cast<const char*>(next_keys + slot * KVH * D) + off, _MM_HINT_T1);
+      };
       constexpr int R = kTreeKeys<G>;
       for (; i + R <= n; i += R) {
-        for (int r = 0; r < R; ++r) prefetch(i + r);
-        for (int64_t g = g0; g < g1; ++g)
-          score_tree<G, R, KV>(q + g * G * D, kp + ((base + i) * KVH + g) * D, KVH * D, D, scale, softcap,
-                               scores + (g - g0) * G * ctx + t0 + i - first, ctx);
+        for (int64_t g = g0; g < g1; ++g) {
+          auto before_step = [&](int r, int64_t d) __attribute__((always_inline)) { prefetch_line(i + r, g, d); };
+          score_tree<G, R, KV, kDot>(q + g * G * D, kp + ((base + i) * KVH + g) * D, KVH * D, D, scale, softcap,
+                                     scores + (g - g0) * G * ctx + t0 + i - first, ctx, before_step);
+        }
       }
     }
 #endif
     for (; g1 - g0 == 1 && i + K <= n; i += K) {
       for (int k = 0; k < K; ++k) prefetch(i + k);
-      score_run<G, K, V, KV>(q + g0 * G * D, kp + ((base + i) * KVH + g0) * D, KVH * D, D, scale, softcap,
-                             scores + t0 + i - first, ctx);
+      score_run<G, K, V, KV, kDot>(q + g0 * G * D, kp + ((base + i) * KVH + g0) * D, KVH * D, D, scale, softcap,
+                                   scores + t0 + i - first, ctx);
     }
     for (; i < n; ++i) {
       prefetch(i);
       for (int64_t g = g0; g < g1; ++g)
-        score_run<G, 1, V, KV>(q + g * G * D, kp + ((base + i) * KVH + g) * D, KVH * D, D, scale, softcap,
-                               scores + (g - g0) * G * ctx + t0 + i - first, ctx);
+        score_run<G, 1, V, KV, kDot>(q + g * G * D, kp + ((base + i) * KVH + g) * D, KVH * D, D, scale, softcap,
+                                     scores + (g - g0) * G * ctx + t0 + i - first, ctx);
     }
   }
 }
@@ -264,14 +340,14 @@ void weigh_values(const KV* vp, const int64_t* table, int64_t first, int64_t end
 // where G x 4 accumulators fit (AVX2: fp32 pools only), else 2 x 8; 16 lanes: 4 x 16 where G x 4
 // accumulators fit, else 1 x 16), reading the values from L2 where pass 1
 // prefetched them.
-template <int G, int S, typename V, typename KV>
+template <int G, int S, typename V, typename KV, bool kDot = false>
 void attend(const float* q, const KV* kp, const KV* vp, const int64_t* table, int64_t first, int64_t end,
             int64_t block_size, int64_t KVH, int64_t D, int64_t g0, int64_t g1, float scale, float softcap,
             std::vector<float>& scores, float* out) {
   const int64_t nh = (g1 - g0) * G, ctx = end - first;
   scores.resize(nh * ctx);
-  score_keys<G, V, KV>(q, kp, vp, table, first, end, first, end, block_size, KVH, D, g0, g1, scale, softcap,
-                       scores.data());
+  score_keys<G, V, KV, kDot>(q, kp, vp, table, first, end, first, end, block_size, KVH, D, g0, g1, scale, softcap,
+                             scores.data());
   for (int64_t h = 0; h < nh; ++h) softmax(scores.data() + h * ctx, ctx);
   // The AVX2 build on an fp32 pool requests the next block's values into
   // L1 as it weighs a block (with the four slices above, 1.07x on Zen 3
@@ -301,7 +377,8 @@ using WeighFn = void (*)(const KV*, const int64_t*, int64_t, int64_t, int64_t, i
 constexpr int64_t kSplitSlice = 16, kSplitSliceWide = 32;
 
 // The kernels for a GQA group size: the whole item, and its two passes for
-// split sequences (pass 2 `slice` dimensions at a time).
+// split sequences (pass 2 `slice` dimensions at a time). kDot: pass 1 on bf16
+// dot products (the avx512_bf16 build, a bf16 pool and bf16 queries).
 template <typename KV>
 struct GroupKernels {
   AttendFn<KV> attend = nullptr;
@@ -310,17 +387,18 @@ struct GroupKernels {
   int64_t slice = kSplitSlice;
 };
 
-template <typename KV, int... G>
+template <typename KV, bool kDot, int... G>
 GroupKernels<KV> kernels_for_group(int group, int64_t D, std::integer_sequence<int, G...>) {
   GroupKernels<KV> k;
 #ifdef KILN_ATTEND_LANES16
   using V = Lanes16;
   // Four 16-lane slices of outputs per pass where G x 4 accumulators fit (up to 16 of 32 registers).
   const bool wide = D % 64 == 0 && group <= 4;
-  ((k.attend = group == G + 1 ? (wide ? attend<G + 1, (G < 4 ? 4 : 1), V, KV> : attend<G + 1, 1, V, KV>)
+  ((k.attend = group == G + 1 ? (wide ? attend<G + 1, (G < 4 ? 4 : 1), V, KV, kDot> : attend<G + 1, 1, V, KV, kDot>)
                               : k.attend), ...);
   ((k.weigh = group == G + 1 ? weigh_values<G + 1, kSplitSlice / 16, V, KV, true> : k.weigh), ...);
 #else
+  static_assert(!kDot, "bf16 dot products: the avx512_bf16 build only");
   using V = Lanes8;
   // Four 8-lane slices of outputs per pass where G x 4 accumulators fit, else two. An fp32 pool's values are
   // FMA memory operands, so the 12 accumulators fit AVX2's 16 registers; a 16-bit pool's are widened into
@@ -340,7 +418,7 @@ GroupKernels<KV> kernels_for_group(int group, int64_t D, std::integer_sequence<i
                                      : weigh_values<G + 1, kSplitSlice / 8, V, KV, true>)
                              : k.weigh), ...);
 #endif
-  ((k.score = group == G + 1 ? score_keys<G + 1, V, KV> : k.score), ...);
+  ((k.score = group == G + 1 ? score_keys<G + 1, V, KV, kDot> : k.score), ...);
   return k;
 }
 
@@ -464,13 +542,26 @@ void attend_split(const GroupKernels<KV>& k, const QueryRows<Q>& rows, const KV*
   for (int64_t b = 0; b < B; ++b) rows.store(b, out32[b], 0, H * D);
 }
 
+#if KILN_AVX512_BF16
+constexpr bool kHasBf16Dot = true;
+#else
+constexpr bool kHasBf16Dot = false;
+#endif
+
+// Whether pass 1 can score on bf16 dot products (dot_chains): a bf16 pool
+// and bf16 queries in the build that has them (and 32 head dims at a time).
+template <typename KV, typename Q>
+constexpr bool kBf16Dot = kHasBf16Dot && std::is_same_v<KV, at::BFloat16> && std::is_same_v<Q, at::BFloat16>;
+
 template <typename KV, typename Q>
 void attend_all(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& tables,
                 const at::Tensor& lens, int64_t block_size, float scale, int64_t window, float softcap,
                 at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pool.size(1), W = tables.size(1);
   const int64_t group = H / KVH, threads = at::get_num_threads();
-  const GroupKernels<KV> k = kernels_for_group<KV>(group, D, std::make_integer_sequence<int, kMaxGroup>{});
+  const GroupKernels<KV> k = kBf16Dot<KV, Q> && D % 32 == 0
+      ? kernels_for_group<KV, kBf16Dot<KV, Q>>(group, D, std::make_integer_sequence<int, kMaxGroup>{})
+      : kernels_for_group<KV, false>(group, D, std::make_integer_sequence<int, kMaxGroup>{});
   const QueryRows<Q> rows{q.const_data_ptr<Q>(), out.mutable_data_ptr<Q>(), q.stride(0), H * D};
   const KV* kp = k_pool.const_data_ptr<KV>();
   const KV* vp = v_pool.const_data_ptr<KV>();
