@@ -464,8 +464,10 @@ struct QueryRows {
 // more than it saved below ~400 keys: on Ice Lake, one sequence with a 9 MB
 // read between calls (a layer's weights), split / not split 1.25x at 48
 // keys, 1.14-1.15x at 160, 1.08-1.10x at 256, 1.00-1.02x at 384, 0.94-0.95x
-// at 640 (2026-12-07, docs/benchmarks.md).
-#if KILN_AVX512
+// at 640 (2026-12-07, docs/benchmarks.md). So does the avx512_bf16 build on
+// Zen 4 since its pass 1 paces its prefetches: with a 40 MB read between
+// calls, 1.20x at 64 keys, 1.25x at 128, 1.07x at 256, 0.93-0.96x at 384-512.
+#if KILN_AVX512 || KILN_AVX512_BF16
 constexpr int64_t kSplitMinKeys = 384;
 #else
 constexpr int64_t kSplitMinKeys = 48;

@@ -184,8 +184,8 @@ def test_runs_of_keys_scored_together_keep_each_scores_bits(two_threads, heads, 
     # Alone (fewer sequences than threads) an item is one kv head, its keys
     # scored several at a time (29 and 5 keys, and every length where the kv
     # heads share evenly between the threads; 83 and 301 keys over 3 kv heads
-    # are split instead, by key ranges of all heads, in the builds that split
-    # from 48 keys: paged_attention.cpp's kSplitMinKeys); in a batch of two an
+    # are split instead, by key ranges of all heads, in the avx2 build, which
+    # splits from 48 keys: paged_attention.cpp's kSplitMinKeys); in a batch of two an
     # item holds every kv head and scores one key at a time. Each score is
     # the same chain of FMAs: equal bits, also for a window that starts
     # mid-block.
