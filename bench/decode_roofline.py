@@ -8,7 +8,10 @@ the first token are timed separately and subtracted. Each figure is the
 median of --repeats runs. Bytes per token = every weight a decode step
 reads (all projections, norms, the LM head as the mode stores it; not the
 embedding table, of which one row is read) plus the KV cache read at the
-mean context, in the pool's dtype. Bandwidth = median of a large-tensor sum (read) benchmark.
+mean context, in the pool's dtype. Bandwidth = median of a large-tensor sum (read) benchmark,
+taken at the start and again around every repeat: a shared VM's bandwidth drifts (the same Zen 4
+box read 33 GB/s on two threads one day and 43-60 GB/s minute to minute the next), so a mode's %
+is the median over repeats of its rate in that repeat against the bandwidth read around it.
 Optional: achieved GFLOP/s of a prefill chunk and of decode at batch 32.
 
     PYTHONPATH=. .venv/bin/python bench/decode_roofline.py [--repeats 5] [--modes fp32,bf16,int8,int4]
@@ -114,6 +117,16 @@ def timed_generate(llm, prompts, max_tokens) -> float:
     return elapsed
 
 
+def read_GBps(x: torch.Tensor, sums: int = 3) -> float:
+    """Median read rate of `sums` passes of x.sum()."""
+    rates = []
+    for _ in range(sums):
+        t = time.perf_counter()
+        x.sum()
+        rates.append(x.nbytes / (time.perf_counter() - t) / 1e9)
+    return statistics.median(rates)
+
+
 def memory_bandwidth(repeats: int, gib: float = 1.0) -> dict:
     x = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
     y = torch.empty_like(x)
@@ -151,12 +164,14 @@ def decode_step_seconds(llm, prompt, new_tokens) -> float:
     return (tn - t1) / (new_tokens - 1)
 
 
-def summarize(llm, mode, steps, args, bw) -> dict:
+def summarize(llm, mode, steps, args, repeat_bw) -> dict:
+    """repeat_bw[r]: the read bandwidth around repeat r (see main)."""
     model = llm.engine.core.runner.model
     step = statistics.median(steps)
     mean_ctx = args.prompt_len + args.new_tokens // 2
     pool = llm.engine.core.runner.kv_caches[0]
     wbytes, kvbytes = weight_bytes_per_token(model), kv_bytes_per_token(model, pool, mean_ctx)
+    pcts = [100 * (wbytes + kvbytes) / s / 1e9 / bw for s, bw in zip(steps, repeat_bw, strict=True)]
     return {
         "mode": mode,
         "options": MODES[mode],
@@ -165,7 +180,8 @@ def summarize(llm, mode, steps, args, bw) -> dict:
         "weight_bytes_per_token": wbytes,
         "kv_bytes_per_token_mean_ctx": kvbytes,
         "achieved_GBps": (wbytes + kvbytes) / step / 1e9,
-        "pct_of_read_bandwidth": 100 * (wbytes + kvbytes) / step / 1e9 / bw["read_sum_GBps"],
+        "pct_of_read_bandwidth": statistics.median(pcts),
+        "pct_of_read_bandwidth_all": pcts,
         "decode_b1_GFLOPps": (matmul_flops_per_token(model) + attention_flops(model, mean_ctx)) / step / 1e9,
     }
 
@@ -215,13 +231,20 @@ def main() -> int:
     for llm in llms.values():
         timed_generate(llm, [prompt], 4)  # warm-up
     steps = {mode: [] for mode in modes}
+    probe = torch.ones(2**28, dtype=torch.float32)  # 1 GiB, read before and after every repeat
+    repeat_bw = []
     for r in range(args.repeats):
+        before = read_GBps(probe)
         for mode in modes:
             steps[mode].append(decode_step_seconds(llms[mode], prompt, args.new_tokens))
-        print(f"repeat {r}:", {m: round(1 / s[-1], 2) for m, s in steps.items()}, flush=True)
+        repeat_bw.append((before + read_GBps(probe)) / 2)
+        rates = {m: round(1 / s[-1], 2) for m, s in steps.items()}
+        print(f"repeat {r}:", rates, f"read {repeat_bw[-1]:.1f} GB/s", flush=True)
+    del probe
+    bw["read_sum_per_repeat"] = repeat_bw
     results = []
     for mode in modes:
-        r = summarize(llms[mode], mode, steps[mode], args, bw)
+        r = summarize(llms[mode], mode, steps[mode], args, repeat_bw)
         if args.flops:
             r.update(flops_figures(llms[mode], ids, args))
         print(

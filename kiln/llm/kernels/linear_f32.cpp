@@ -74,13 +74,25 @@ using kiln_simd::load8;
 // Weights per scale of a Q8_0 block (GGUF): int8 codes, one scale per 32.
 constexpr int64_t kQ8Block = 32;
 
+// The narrow int4 passes (M <= 8, fp32 x) in pairs of weight rows sixteen
+// lanes wide (Int4Problem::pair_micro): the AVX-512 builds, avx512_bf16
+// included, whose other fp32 kernels stay eight lanes wide. On Zen 4 the
+// 120 projections of SmolLM2's shapes at one row (2 threads, one process)
+// ran 4.49 ms against 4.82 for the eight-lane passes (1.07x; the same bits),
+// but 0.92-0.98x at 3-6 rows: there the avx512_bf16 build pairs one row only.
+#if KILN_AVX512 || KILN_AVX512_BF16
+#define KILN_INT4_PAIRS 1
+#else
+#define KILN_INT4_PAIRS 0
+#endif
+
 #if KILN_AVX512
 constexpr bool kAvx512Build = true;
 #else
 constexpr bool kAvx512Build = false;
 #endif
 
-#if KILN_AVX512
+#if KILN_INT4_PAIRS
 // Eight weights of row a in the low eight lanes and eight of row b in the
 // high eight, each widened as load8 widens it: the operand of the pair
 // micro-kernels, which run two weight rows' eight-lane chains in one vector.
@@ -255,7 +267,7 @@ struct Int4Problem {
     }
   }
 
-#if KILN_AVX512
+#if KILN_INT4_PAIRS
   // As micro<MR, 2 * NP>, sixteen lanes at a time: weight rows n + 2j and
   // n + 2j + 1 share a vector (low and high eight lanes: their words side by
   // side, their scales and mins spread by one permute each), each x row's
@@ -318,8 +330,9 @@ struct Int4Problem {
 
   template <int MR, int NR>
   void micro(int64_t m0, int64_t n0) const {
-#if KILN_AVX512
-    if constexpr (NR % 2 == 0) {
+#if KILN_INT4_PAIRS
+    // avx512_bf16: one x row only (pairs at 3-6 rows ran 0.92-0.98x there).
+    if constexpr (NR % 2 == 0 && (kAvx512Build || MR == 1)) {
       pair_micro<MR, NR / 2>(m0, n0);
       return;
     }

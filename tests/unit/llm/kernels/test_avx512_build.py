@@ -104,3 +104,21 @@ def test_the_avx512_build_gives_the_avx2_builds_bits():
     assert len(wide) == len(narrow) == 5 * (9 + 7) + 2 * 3 * 2 * 10 + 2 * 6 * 2 + 2 + 4 + 3
     for name, values in wide.items():
         assert torch.equal(values.view(torch.uint8), narrow[name].view(torch.uint8)), name
+
+
+def _bf16_build_unavailable() -> bool:
+    return (not isa.cpu_isa().at_least("avx512_bf16") or isa.cpu_isa().forced
+            or not all(BUILDS[name].library.exists() for name in ("avx2", "avx512_bf16")))
+
+
+@pytest.mark.skipif(_bf16_build_unavailable(),
+                    reason="needs an AVX512_BF16 CPU, the avx2 and avx512_bf16 builds and no KILN_ISA")
+def test_the_avx512_bf16_builds_int4_kernels_give_the_avx2_builds_bits():
+    """The avx512_bf16 build's fp32-activation int4 kernels: its one-row passes run pairs of weight rows
+    sixteen lanes wide (linear_f32.cpp: KILN_INT4_PAIRS), the rest eight lanes as in the avx2 build."""
+    wide, narrow = _outputs("avx512_bf16"), _outputs("avx2")
+    assert (wide.pop("library"), narrow.pop("library")) == ("avx512_bf16", "avx2")
+    int4 = [name for name in wide if name.startswith("linear_w4")]
+    assert len(int4) == 5 * (9 + 7) + 2 * 3 * 2 * 10
+    for name in int4:
+        assert torch.equal(wide[name].view(torch.uint8), narrow[name].view(torch.uint8)), name
