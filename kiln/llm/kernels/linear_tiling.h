@@ -62,12 +62,13 @@ constexpr int64_t kPrefetchMinBytes = (KILN_PREFETCH_MIN_BYTES + 63) / 64 * 64;
 // stream a fixed distance ahead. Asking for the same line of each of the NR
 // rows instead (NR streams side by side) read 1.05-1.3x slower from DRAM on
 // one Zen 3 thread (bench/weight_streams.c), and the int8 and bf16 one-row
-// kernels ran 1.1-1.45x faster this way (docs/benchmarks.md).
-template <int NR>
+// kernels ran 1.1-1.45x faster this way (docs/benchmarks.md). kHint: where
+// the lines go (into L1 unless a kernel measured better otherwise).
+template <int NR, int kHint = _MM_HINT_T0>
 inline void prefetch_ahead(const void* pass, int64_t row_bytes, int64_t offset) {
   const int64_t ahead = std::max<int64_t>(kPrefetchPasses * row_bytes * NR, kPrefetchMinBytes);
   const char* run = static_cast<const char*>(pass) + ahead + offset * NR;
-  for (int j = 0; j < NR; ++j) _mm_prefetch(run + 64 * j, _MM_HINT_T0);
+  for (int j = 0; j < NR; ++j) _mm_prefetch(run + 64 * j, static_cast<_mm_hint>(kHint));
 }
 // sums[m][n] = kiln_simd::hsum(acc[m][n]), bit for bit; four rows at a time
 // through hsum4. The 4 x 3 micro-kernel's twelve sums at the end of a pass

@@ -67,9 +67,10 @@ struct LaneProblem {
     offset_min = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), scale, min);
   }
 
-  // Rows m0..m0+MR, blocks r0..r0+NR.
+  // Rows m0..m0+MR, blocks r0..r0+NR; r_end: the end of the thread's blocks
+  // (one x row: the next pass's blocks below it are requested meanwhile).
   template <int MR, int NR>
-  void micro(int64_t m0, int64_t r0) const {
+  void micro(int64_t m0, int64_t r0, int64_t r_end) const {
     const __m512i nibbles = _mm512_set1_epi32(0x000F000F), offset = _mm512_set1_epi32(0x43004300);
     const int64_t chunks = K / kChunk, group_chunks = G / kChunk;
     __m512 total[MR][NR];
@@ -81,6 +82,17 @@ struct LaneProblem {
         for (int n = 0; n < NR; ++n) dot[m][n] = _mm512_setzero_ps();
       for (int64_t c = g * group_chunks; c < (g + 1) * group_chunks; ++c) {
         __m512i words[NR];
+        // One x row: the NR blocks after these (the next pass's, contiguous)
+        // into L2 as one linear run, NR lines per chunk step, so the whole
+        // next pass arrives during this one; the hardware prefetcher follows
+        // the NR interleaved block streams only to their ends. Zen 4,
+        // SmolLM2's 120 projections at one row, 2 threads: 1.07-1.11x over six
+        // alternated runs (1.03x at two rows; into L1 instead: 0.95x).
+        if constexpr (MR == 1)
+          if (r0 + 2 * NR <= r_end)
+            for (int n = 0; n < NR; ++n)
+              _mm_prefetch(reinterpret_cast<const char*>(lanes + ((r0 + NR) * chunks + c * NR + n) * kLanes),
+                           _MM_HINT_T1);
         for (int n = 0; n < NR; ++n)
           words[n] = _mm512_loadu_si512(lanes + ((r0 + n) * chunks + c) * kLanes);
         for (int p = 0; p < 4; ++p) {
@@ -117,13 +129,13 @@ struct LaneProblem {
     int64_t r = r0;
     for (; r + NR <= r1; r += NR) {
       int64_t m = m0;
-      for (; m + MR <= m1; m += MR) micro<MR, NR>(m, r);
-      for (; m < m1; ++m) micro<1, NR>(m, r);
+      for (; m + MR <= m1; m += MR) micro<MR, NR>(m, r, r1);
+      for (; m < m1; ++m) micro<1, NR>(m, r, r1);
     }
     for (; r < r1; ++r) {
       int64_t m = m0;
-      for (; m + MR <= m1; m += MR) micro<MR, 1>(m, r);
-      for (; m < m1; ++m) micro<1, 1>(m, r);
+      for (; m + MR <= m1; m += MR) micro<MR, 1>(m, r, r1);
+      for (; m < m1; ++m) micro<1, 1>(m, r, r1);
     }
   }
 
