@@ -9,9 +9,9 @@ median of --repeats runs. Bytes per token = every weight a decode step
 reads (all projections, norms, the LM head as the mode stores it; not the
 embedding table, of which one row is read) plus the KV cache read at the
 mean context, in the pool's dtype. Bandwidth = median of a large-tensor sum (read) benchmark,
-taken at the start and again around every repeat: a shared VM's bandwidth drifts (the same Zen 4
-box read 33 GB/s on two threads one day and 43-60 GB/s minute to minute the next), so a mode's %
-is the median over repeats of its rate in that repeat against the bandwidth read around it.
+taken at the start and again around every repeat: a shared VM's bandwidth drifts (a Zen 4 box
+read 33-34 GB/s on two threads for two hours, then 34-65 GB/s from one minute to the next), so a
+mode's % is the median over repeats of its rate in that repeat against the bandwidth read around it.
 Optional: achieved GFLOP/s of a prefill chunk and of decode at batch 32.
 
     PYTHONPATH=. .venv/bin/python bench/decode_roofline.py [--repeats 5] [--modes fp32,bf16,int8,int4]
