@@ -25,8 +25,10 @@ at::Tensor linear_w4_bf16(const at::Tensor& x, const at::Tensor& codes, const at
                           int64_t group_size);
 // bf16 x @ int4 group weights in lane layout (linear_w4l_bf16.cpp) -> bf16:
 // sixteen weight rows per vector, weights unrounded; any M gives a row the same bits.
+// next_lanes: the lanes of the call that follows on the same threads, whose
+// first one-row pass each thread requests during its last one here (or null).
 at::Tensor linear_w4l_bf16(const at::Tensor& x, const at::Tensor& lanes, const at::Tensor& params,
-                           int64_t group_size);
+                           int64_t group_size, const at::Tensor* next_lanes = nullptr);
 #endif
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,

@@ -33,12 +33,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <utility>
 
 namespace {
 
 constexpr int kLanes = 16;     // weight rows per zmm
 constexpr int kChunk = 8;      // weights of a row per 32-bit lane
 constexpr int kGroupAlign = 32;
+constexpr int64_t kPassBlocks = 6;  // blocks of one one-row pass (run())
 
 struct LaneProblem {
   const uint16_t* x;     // bf16 bits [M, K]
@@ -48,6 +51,22 @@ struct LaneProblem {
   bool fp32_params;
   uint16_t* y;           // bf16 bits [M, N]
   int64_t M, K, N, G;    // G: group size
+  // The lanes [next_blocks, next_chunks, 16] of the call that follows on the
+  // same threads, or null (see first_pass_of_next).
+  const uint32_t* next = nullptr;
+  int64_t next_blocks = 0, next_chunks = 0;
+
+  // This thread's first one-row pass of the next call, as its parallel_for
+  // will share the blocks out (ATen's OpenMP split: contiguous equal chunks by
+  // thread number, grain kPassBlocks): (first line, lines), or (null, 0).
+  std::pair<const uint32_t*, int64_t> first_pass_of_next() const {
+    if (next == nullptr || next_blocks == 0) return {nullptr, 0};
+    const int64_t threads = std::min<int64_t>(at::get_num_threads(), (next_blocks + kPassBlocks - 1) / kPassBlocks);
+    const int64_t chunk = (next_blocks + threads - 1) / threads, begin = at::get_thread_num() * chunk;
+    if (begin >= next_blocks) return {nullptr, 0};
+    const int64_t blocks = std::min<int64_t>(kPassBlocks, next_blocks - begin);
+    return {next + begin * next_chunks * kLanes, blocks * next_chunks};
+  }
 
   int64_t groups() const { return K / G; }
 
@@ -73,6 +92,10 @@ struct LaneProblem {
   void micro(int64_t m0, int64_t r0, int64_t r_end) const {
     const __m512i nibbles = _mm512_set1_epi32(0x000F000F), offset = _mm512_set1_epi32(0x43004300);
     const int64_t chunks = K / kChunk, group_chunks = G / kChunk;
+    // The last pass of this thread's blocks: the next call's first pass instead, spread over the chunk steps.
+    const auto [later, later_lines] = MR == 1 && r0 + 2 * NR > r_end && r_end > 0
+        ? first_pass_of_next() : std::pair<const uint32_t*, int64_t>{nullptr, 0};
+    const int64_t later_per_step = (later_lines + chunks - 1) / chunks;
     __m512 total[MR][NR];
     for (int m = 0; m < MR; ++m)
       for (int n = 0; n < NR; ++n) total[m][n] = _mm512_setzero_ps();
@@ -93,6 +116,9 @@ struct LaneProblem {
             for (int n = 0; n < NR; ++n)
               _mm_prefetch(reinterpret_cast<const char*>(lanes + ((r0 + NR) * chunks + c * NR + n) * kLanes),
                            _MM_HINT_T1);
+        if (later != nullptr)
+          for (int64_t l = c * later_per_step; l < std::min(later_lines, (c + 1) * later_per_step); ++l)
+            _mm_prefetch(reinterpret_cast<const char*>(later + l * kLanes), _MM_HINT_T1);
         for (int n = 0; n < NR; ++n)
           words[n] = _mm512_loadu_si512(lanes + ((r0 + n) * chunks + c) * kLanes);
         for (int p = 0; p < 4; ++p) {
@@ -147,7 +173,7 @@ struct LaneProblem {
   void run() const {
     const int64_t blocks = N / kLanes;
     if (M < 4)
-      at::parallel_for(0, blocks, 6, [&](int64_t r0, int64_t r1) { rows<1, 6>(0, M, r0, r1); });
+      at::parallel_for(0, blocks, kPassBlocks, [&](int64_t r0, int64_t r1) { rows<1, kPassBlocks>(0, M, r0, r1); });
     else
       at::parallel_for(0, blocks, 3, [&](int64_t r0, int64_t r1) { rows<4, 3>(0, M, r0, r1); });
   }
@@ -167,7 +193,7 @@ void group_sums(const uint16_t* x, float* sums, int64_t count, int64_t G) {
 }
 
 at::Tensor w4l_bf16(const at::Tensor& x_in, const at::Tensor& lanes_in, const at::Tensor& params_in,
-                           int64_t group_size) {
+                           int64_t group_size, const at::Tensor* next_lanes) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kBFloat16 && x_in.device().is_cpu(),
               "linear_w4l_bf16: bf16 CPU x [M, K] required");
   TORCH_CHECK(lanes_in.dim() == 3 && lanes_in.scalar_type() == at::kInt && lanes_in.size(2) == kLanes,
@@ -185,13 +211,20 @@ at::Tensor w4l_bf16(const at::Tensor& x_in, const at::Tensor& lanes_in, const at
   group_sums(reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()), xsum.mutable_data_ptr<float>(),
              M * groups, G);
   at::Tensor y = at::empty({M, N}, x.options());
-  const LaneProblem p{reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()),
-                      xsum.const_data_ptr<float>(),
-                      reinterpret_cast<const uint32_t*>(lanes.const_data_ptr<int32_t>()),
-                      params.const_data_ptr(),
-                      params.scalar_type() == at::kFloat,
-                      reinterpret_cast<uint16_t*>(y.mutable_data_ptr<c10::BFloat16>()),
-                      M, K, N, G};
+  LaneProblem p{reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()),
+                xsum.const_data_ptr<float>(),
+                reinterpret_cast<const uint32_t*>(lanes.const_data_ptr<int32_t>()),
+                params.const_data_ptr(),
+                params.scalar_type() == at::kFloat,
+                reinterpret_cast<uint16_t*>(y.mutable_data_ptr<c10::BFloat16>()),
+                M, K, N, G};
+  // Only a contiguous int32 lanes tensor is read ahead (anything else: nothing is).
+  if (next_lanes != nullptr && next_lanes->defined() && next_lanes->dim() == 3 &&
+      next_lanes->scalar_type() == at::kInt && next_lanes->size(2) == kLanes && next_lanes->is_contiguous()) {
+    p.next = reinterpret_cast<const uint32_t*>(next_lanes->const_data_ptr<int32_t>());
+    p.next_blocks = next_lanes->size(0);
+    p.next_chunks = next_lanes->size(1);
+  }
   p.run();
   return y;
 }
@@ -199,12 +232,20 @@ at::Tensor w4l_bf16(const at::Tensor& x_in, const at::Tensor& lanes_in, const at
 }  // namespace
 
 namespace kiln {
-at::Tensor linear_w4l_bf16(const at::Tensor& x, const at::Tensor& lanes, const at::Tensor& params, int64_t group_size) {
-  return w4l_bf16(x, lanes, params, group_size);
+at::Tensor linear_w4l_bf16(const at::Tensor& x, const at::Tensor& lanes, const at::Tensor& params, int64_t group_size,
+                           const at::Tensor* next_lanes) {
+  return w4l_bf16(x, lanes, params, group_size, next_lanes);
 }
 }  // namespace kiln
 
-TORCH_LIBRARY_FRAGMENT(kiln, m) {
-  m.def("linear_w4l_bf16(Tensor x, Tensor lanes, Tensor params, int group_size) -> Tensor");
+namespace {
+at::Tensor linear_w4l_bf16_op(const at::Tensor& x, const at::Tensor& lanes, const at::Tensor& params,
+                              int64_t group_size, const std::optional<at::Tensor>& next_lanes) {
+  return w4l_bf16(x, lanes, params, group_size, next_lanes.has_value() ? &*next_lanes : nullptr);
 }
-TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("linear_w4l_bf16", kiln::linear_w4l_bf16); }
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kiln, m) {
+  m.def("linear_w4l_bf16(Tensor x, Tensor lanes, Tensor params, int group_size, Tensor? next_lanes=None) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl("linear_w4l_bf16", linear_w4l_bf16_op); }

@@ -75,6 +75,20 @@ def test_a_rows_bits_do_not_depend_on_the_batch():
         assert torch.equal(part, whole[start:start + size]), (start, size)
 
 
+@needs_bf16_kernel
+@pytest.mark.parametrize("next_rows", [16, 96, 112, 400, 1024])  # one thread's pass, both threads', tails
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_naming_the_next_calls_weights_changes_no_bits(rows, next_rows):
+    """`next_lanes` only asks for the next call's first pass while the last one here runs (the fused
+    decode passes it from projection to projection); a tensor not in lane layout is ignored."""
+    layer = Int4LaneLinear.from_int4_cpu(int4_layer(208, 576, 32))
+    after = Int4LaneLinear.from_int4_cpu(int4_layer(next_rows, 1536, 32, seed=1))
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(2)).bfloat16()
+    alone = torch.ops.kiln.linear_w4l_bf16(x, layer.lanes, layer.params, 32)
+    for following in (after.lanes, after.params, torch.zeros(3)):
+        assert torch.equal(torch.ops.kiln.linear_w4l_bf16(x, layer.lanes, layer.params, 32, following), alone)
+
+
 def test_fallback_without_bf16_activations_is_f_linear_on_the_same_weights():
     layer = Int4LaneLinear.from_int4_cpu(int4_layer(32, 128, 32))
     x = torch.randn(3, 128)
