@@ -150,16 +150,16 @@ at::Tensor project(const at::Tensor& x, at::TensorList w, int64_t group_size, co
 }
 
 // projections: qkv, o (each a list, see above); norms: input, post-attention.
-// Returns (h, x): the MLP's input and the residual stream. after_o: the first
-// tensor of the projection that follows o (project's `next`), or null.
-std::tuple<at::Tensor, at::Tensor> decode_attention_then(
+// Returns (h, x): the MLP's input and the residual stream. next_lanes: the
+// first tensor of the projection that runs after o (project's `next`).
+std::tuple<at::Tensor, at::Tensor> decode_attention(
     const at::Tensor& x, at::TensorList qkv_w, at::TensorList o_w, int64_t group_size, const at::Tensor& input_norm,
     const at::Tensor& post_norm, double eps, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& kv_cache,
     const at::Tensor& slot_mapping, at::TensorList block_tables, at::TensorList context_lens, int64_t block_size,
     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, const std::optional<at::Tensor>& qkv_bias,
     const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, int64_t rotary_dim,
     int64_t window, double scale, double softcap, const std::optional<at::Tensor>& attn_out_norm,
-    const at::Tensor* after_o) {
+    const std::optional<at::Tensor>& next_lanes) {
   TORCH_CHECK(block_tables.size() == context_lens.size(), "decode_layer: one block table per decode group");
   TORCH_CHECK(scale >= 0 && softcap >= 0, "decode_layer: scale and softcap must be >= 0 (0: the default, none)");
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "decode_layer: q_norm and k_norm come together");
@@ -207,50 +207,16 @@ std::tuple<at::Tensor, at::Tensor> decode_attention_then(
     TORCH_CHECK(row == T, "decode_layer: decode groups must cover every row");
     return out;
   });
-  at::Tensor o = timed(dp::kO, [&] { return project(attn.view({T, q_size}), o_w, group_size, after_o); });
+  at::Tensor o = timed(dp::kO, [&] {
+    return project(attn.view({T, q_size}), o_w, group_size, next_lanes ? &*next_lanes : nullptr);
+  });
   if (attn_out_norm.has_value()) o = timed(dp::kSandwichNorm, [&] { return kiln::rms_norm(o, *attn_out_norm, eps); });
   return timed(dp::kAddNorm, [&] { return kiln::add_rms_norm(o, x, post_norm, eps); });
 }
 
-std::tuple<at::Tensor, at::Tensor> decode_attention(
-    const at::Tensor& x, at::TensorList qkv_w, at::TensorList o_w, int64_t group_size, const at::Tensor& input_norm,
-    const at::Tensor& post_norm, double eps, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& kv_cache,
-    const at::Tensor& slot_mapping, at::TensorList block_tables, at::TensorList context_lens, int64_t block_size,
-    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, const std::optional<at::Tensor>& qkv_bias,
-    const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, int64_t rotary_dim,
-    int64_t window, double scale, double softcap, const std::optional<at::Tensor>& attn_out_norm) {
-  return decode_attention_then(x, qkv_w, o_w, group_size, input_norm, post_norm, eps, cos, sin, kv_cache,
-                               slot_mapping, block_tables, context_lens, block_size, num_heads, num_kv_heads,
-                               head_dim, qkv_bias, q_norm, k_norm, rotary_dim, window, scale, softcap, attn_out_norm,
-                               nullptr);
-}
-
-// decode_attention's arguments with the MLP's projections (gate_up, down) after o.
-// after_down: the first tensor of the projection that follows down (the next
-// layer's qkv in DecodeStack.run), or null.
-at::Tensor decode_layer_then(const at::Tensor& x, at::TensorList qkv_w, at::TensorList o_w, at::TensorList gate_up_w,
-                             at::TensorList down_w, int64_t group_size, const at::Tensor& input_norm,
-                             const at::Tensor& post_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
-                             const at::Tensor& kv_cache, const at::Tensor& slot_mapping, at::TensorList block_tables,
-                             at::TensorList context_lens, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
-                             int64_t head_dim, const std::optional<at::Tensor>& qkv_bias,
-                             const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
-                             int64_t rotary_dim, int64_t window, double scale, double softcap,
-                             const std::optional<at::Tensor>& attn_out_norm,
-                             const std::optional<at::Tensor>& mlp_out_norm, bool gelu, const at::Tensor* after_down) {
-  auto [h, residual] = decode_attention_then(x, qkv_w, o_w, group_size, input_norm, post_norm, eps, cos, sin,
-                                             kv_cache, slot_mapping, block_tables, context_lens, block_size,
-                                             num_heads, num_kv_heads, head_dim, qkv_bias, q_norm, k_norm, rotary_dim,
-                                             window, scale, softcap, attn_out_norm, &gate_up_w[0]);
-  const at::Tensor gate_up = timed(dp::kGateUp, [&] { return project(h, gate_up_w, group_size, &down_w[0]); });
-  const at::Tensor act = timed(dp::kActivation, [&] {
-    return gelu ? kiln::gelu_tanh_mul(gate_up) : kiln::silu_mul(gate_up);
-  });
-  at::Tensor out = timed(dp::kDown, [&] { return project(act, down_w, group_size, after_down); });
-  if (mlp_out_norm.has_value()) out = timed(dp::kSandwichNorm, [&] { return kiln::rms_norm(out, *mlp_out_norm, eps); });
-  return timed(dp::kResidual, [&] { return kiln::add_into(out, residual); });
-}
-
+// decode_attention's arguments with the MLP's projections (gate_up, down) after o;
+// next_lanes: the first tensor of the projection that runs after down (the
+// next layer's qkv in DecodeStack.run).
 at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorList o_w, at::TensorList gate_up_w,
                         at::TensorList down_w, int64_t group_size, const at::Tensor& input_norm,
                         const at::Tensor& post_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
@@ -260,11 +226,20 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList qkv_w, at::TensorLis
                         const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
                         int64_t rotary_dim, int64_t window, double scale, double softcap,
                         const std::optional<at::Tensor>& attn_out_norm, const std::optional<at::Tensor>& mlp_out_norm,
-                        bool gelu) {
-  return decode_layer_then(x, qkv_w, o_w, gate_up_w, down_w, group_size, input_norm, post_norm, eps, cos, sin,
-                           kv_cache, slot_mapping, block_tables, context_lens, block_size, num_heads, num_kv_heads,
-                           head_dim, qkv_bias, q_norm, k_norm, rotary_dim, window, scale, softcap, attn_out_norm,
-                           mlp_out_norm, gelu, nullptr);
+                        bool gelu, const std::optional<at::Tensor>& next_lanes) {
+  auto [h, residual] = decode_attention(x, qkv_w, o_w, group_size, input_norm, post_norm, eps, cos, sin, kv_cache,
+                                        slot_mapping, block_tables, context_lens, block_size, num_heads,
+                                        num_kv_heads, head_dim, qkv_bias, q_norm, k_norm, rotary_dim, window, scale,
+                                        softcap, attn_out_norm, gate_up_w[0]);
+  const at::Tensor gate_up = timed(dp::kGateUp, [&] { return project(h, gate_up_w, group_size, &down_w[0]); });
+  const at::Tensor act = timed(dp::kActivation, [&] {
+    return gelu ? kiln::gelu_tanh_mul(gate_up) : kiln::silu_mul(gate_up);
+  });
+  at::Tensor out = timed(dp::kDown, [&] {
+    return project(act, down_w, group_size, next_lanes ? &*next_lanes : nullptr);
+  });
+  if (mlp_out_norm.has_value()) out = timed(dp::kSandwichNorm, [&] { return kiln::rms_norm(out, *mlp_out_norm, eps); });
+  return timed(dp::kResidual, [&] { return kiln::add_into(out, residual); });
 }
 
 // Every layer of a dense model (no MoE block) for one decode-only step: the
@@ -314,12 +289,13 @@ struct DecodeStack : torch::CustomClassHolder {
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& f = layers[i];
       dp::Timed layer_time(dp::kLayer);
-      const at::Tensor* next_qkv = i + 1 < layers.size() ? &layers[i + 1].qkv[0] : nullptr;
-      x = decode_layer_then(x, f.qkv, f.o, f.gate_up, f.down, f.group_size, f.input_norm, f.post_norm, eps,
-                            f.local_rope ? local_cos : cos, f.local_rope ? local_sin : sin, kv_caches[i],
-                            slot_mapping, block_tables, context_lens, block_size, num_heads, num_kv_heads, head_dim,
-                            f.qkv_bias, f.q_norm, f.k_norm, rotary_dim, f.window, f.scale, f.softcap,
-                            f.attn_out_norm, f.mlp_out_norm, f.gelu, next_qkv);
+      const std::optional<at::Tensor> next_qkv =
+          i + 1 < layers.size() ? std::optional<at::Tensor>(layers[i + 1].qkv[0]) : std::nullopt;
+      x = decode_layer(x, f.qkv, f.o, f.gate_up, f.down, f.group_size, f.input_norm, f.post_norm, eps,
+                       f.local_rope ? local_cos : cos, f.local_rope ? local_sin : sin, kv_caches[i], slot_mapping,
+                       block_tables, context_lens, block_size, num_heads, num_kv_heads, head_dim, f.qkv_bias,
+                       f.q_norm, f.k_norm, rotary_dim, f.window, f.scale, f.softcap, f.attn_out_norm,
+                       f.mlp_out_norm, f.gelu, next_qkv);
     }
     return x;
   }
@@ -415,13 +391,14 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "Tensor slot_mapping, Tensor[] block_tables, Tensor[] context_lens, int block_size, int num_heads, "
       "int num_kv_heads, int head_dim, Tensor? qkv_bias=None, Tensor? q_norm=None, Tensor? k_norm=None, "
       "int rotary_dim=0, int window=0, float scale=0.0, float softcap=0.0, Tensor? attn_out_norm=None, "
-      "Tensor? mlp_out_norm=None, bool gelu=False) -> Tensor");
+      "Tensor? mlp_out_norm=None, bool gelu=False, Tensor? next_lanes=None) -> Tensor");
   m.def(
       "decode_attention(Tensor x, Tensor[] qkv_w, Tensor[] o_w, int group_size, Tensor input_norm, "
       "Tensor post_norm, float eps, Tensor cos, Tensor sin, Tensor(a!) kv_cache, Tensor slot_mapping, "
       "Tensor[] block_tables, Tensor[] context_lens, int block_size, int num_heads, int num_kv_heads, "
       "int head_dim, Tensor? qkv_bias=None, Tensor? q_norm=None, Tensor? k_norm=None, int rotary_dim=0, "
-      "int window=0, float scale=0.0, float softcap=0.0, Tensor? attn_out_norm=None) -> (Tensor, Tensor)");
+      "int window=0, float scale=0.0, float softcap=0.0, Tensor? attn_out_norm=None, Tensor? next_lanes=None) "
+      "-> (Tensor, Tensor)");
   m.def(
       "moe_experts(Tensor h, Tensor ids, Tensor weights, Tensor[] gate_up_w, Tensor[] down_w, int num_experts, "
       "int group_size) -> Tensor");
