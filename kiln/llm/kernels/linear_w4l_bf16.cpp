@@ -59,6 +59,9 @@ struct LaneProblem {
   // This thread's first one-row pass of the next call, as its parallel_for
   // will share the blocks out (ATen's OpenMP split: contiguous equal chunks by
   // thread number, grain kPassBlocks): (first line, lines), or (null, 0).
+  // Requested during this call's last pass, it is no longer cold: in the
+  // fused decode on Zen 4, qkv, o and down (three to five passes a thread)
+  // ran 1.04-1.16x faster, gate_up (sixteen) level.
   std::pair<const uint32_t*, int64_t> first_pass_of_next() const {
     if (next == nullptr || next_blocks == 0) return {nullptr, 0};
     const int64_t threads = std::min<int64_t>(at::get_num_threads(), (next_blocks + kPassBlocks - 1) / kPassBlocks);
