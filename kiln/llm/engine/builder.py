@@ -56,7 +56,9 @@ def finish_model(model: LlamaModel, config: EngineConfig, stored_head: Q8_0Weigh
     m = config.model
     model.finish(device, DTYPES[m.dtype], m.quantization, m.quant_group_size, kv_cache_dtype=kv_dtype(config),
                  stored_head=stored_head)
-    keep_prefill_copies(model, m.int4_prefill_weights, available_memory_bytes(device))
+    if keep_prefill_copies(model, m.int4_prefill_weights, available_memory_bytes(device)):
+        # Gathered again: a copy in lane layout is one of the fused decode layer's tensors.
+        model.fused_layers = model.gather_fused_layers()
     if m.int4_activations == "int8":
         switched = use_int8_activations(model)
         # Gathered again: the fused decode layer's int4 projections now take int8 activations too.

@@ -109,8 +109,8 @@ BUILDS = {
     "avx512_vnni": Build("avx512_vnni", AVX512_VNNI_FLAGS,
                          tuple(HERE / s for s in (*COMMON_SOURCES, "linear_int8_vnni.cpp"))),
     "avx512_bf16": Build("avx512_bf16", AVX512_BF16_FLAGS, tuple(
-        HERE / s for s in (*COMMON_SOURCES, "linear_bf16.cpp", "linear_w4l_bf16.cpp", "linear_int8_vnni.cpp",
-                          "prefill_attention_bf16.cpp"))),
+        HERE / s for s in (*COMMON_SOURCES, "linear_bf16.cpp", "linear_w4l_bf16.cpp", "linear_bf16_lanes.cpp",
+                          "linear_int8_vnni.cpp", "prefill_attention_bf16.cpp"))),
 }
 # Left by builds before the ISA split; removed so nothing loads it by mistake.
 LEGACY_LIBRARY = HERE / "_kiln_kernels.so"

@@ -125,10 +125,12 @@ namespace dp = decode_profile;
 // first pass is requested meanwhile where both are int4 lanes), or null.
 at::Tensor project(const at::Tensor& x, at::TensorList w, int64_t group_size, const at::Tensor* next = nullptr) {
   if (w.size() == 1) return w[0].scalar_type() == at::kBFloat16 ? kiln::linear_bf16(x, w[0]) : kiln::linear_f32(x, w[0]);
-  TORCH_CHECK(w.size() == 2, "decode_layer: a projection is [w], [w, scales], [codes, scale_min] or [lanes, params]");
-  if (w[0].scalar_type() == at::kInt) {  // int4 in lane layout: a bf16 model's, as Int4LaneLinear
+  const bool lanes = w[0].scalar_type() == at::kInt;
+  TORCH_CHECK(w.size() == 2 || (lanes && w.size() == 3),
+              "decode_layer: a projection is [w], [w, scales], [codes, scale_min] or [lanes, params(, bf16 copy)]");
+  if (lanes) {  // int4 in lane layout: a bf16 model's, as Int4LaneLinear (with its bf16 copy in lanes, if kept)
 #if KILN_AVX512_BF16
-    return kiln::linear_w4l_bf16(x, w[0], w[1], group_size, next);
+    return kiln::linear_w4l_bf16(x, w[0], w[1], group_size, next, w.size() == 3 ? &w[2] : nullptr);
 #else
     TORCH_CHECK(false, "decode_layer: int4 lanes need the avx512_bf16 build");
 #endif

@@ -27,8 +27,14 @@ at::Tensor linear_w4_bf16(const at::Tensor& x, const at::Tensor& codes, const at
 // sixteen weight rows per vector, weights unrounded; any M gives a row the same bits.
 // next_lanes: the lanes of the call that follows on the same threads, whose
 // first one-row pass each thread requests during its last one here (or null).
+// copy: the projection's bf16 copy in lane layout (or null), which steps of
+// kLaneCopyMinRows rows or more take instead (linear_bf16_lanes).
 at::Tensor linear_w4l_bf16(const at::Tensor& x, const at::Tensor& lanes, const at::Tensor& params,
-                           int64_t group_size, const at::Tensor* next_lanes = nullptr);
+                           int64_t group_size, const at::Tensor* next_lanes = nullptr,
+                           const at::Tensor* copy = nullptr);
+// bf16 x @ bf16 weights in lane layout [N/16, K/2, 16, 2] (linear_bf16_lanes.cpp) -> bf16:
+// one chain per output whatever M, so any M gives a row the same bits.
+at::Tensor linear_bf16_lanes(const at::Tensor& x, const at::Tensor& lanes);
 #endif
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,

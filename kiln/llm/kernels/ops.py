@@ -249,15 +249,27 @@ def linear_w4_bf16(
 
 
 def linear_w4l_bf16(
-    x: torch.Tensor, lanes: torch.Tensor, params: torch.Tensor, group_size: int
+    x: torch.Tensor, lanes: torch.Tensor, params: torch.Tensor, group_size: int, copy: torch.Tensor | None = None
 ) -> torch.Tensor | None:
     """x [M, K] bf16 @ int4-group weights in lane layout (quant/int4_lanes.py)^T
     -> bf16, by bf16 dot products on the weights unrounded, or None where the
-    build has no bf16 dot products."""
+    build has no bf16 dot products. `copy`: the weights rounded to bf16 in lane
+    layout (int4_lanes.copy_to_lanes), which steps of 16 rows or more take
+    instead (linear_w4l_bf16.cpp kLaneCopyMinRows, the fused decode layer's rule too)."""
     if not (bf16_dot_products() and x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
             and lanes.dtype == torch.int32 and params.dtype in (torch.float16, torch.float32)):
         return None
-    return torch.ops.kiln.linear_w4l_bf16(x, lanes, params, group_size)
+    return torch.ops.kiln.linear_w4l_bf16(x, lanes, params, group_size, None, copy)
+
+
+def linear_bf16_lanes(x: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor | None:
+    """x [M, K] bf16 @ bf16 weights in lane layout [N/16, K/2, 16, 2]
+    (int4_lanes.copy_to_lanes)^T -> bf16 (linear_bf16_lanes.cpp), or None where
+    the build has no bf16 dot products."""
+    if not (bf16_dot_products() and x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+            and lanes.dtype == torch.bfloat16 and lanes.dim() == 4):
+        return None
+    return torch.ops.kiln.linear_bf16_lanes(x, lanes)
 
 
 def linear_w4_fp32x(

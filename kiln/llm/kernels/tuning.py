@@ -52,7 +52,9 @@ Q8_0_HEAD_MAX_ROWS = 6
 INT4_BF16_DEQUANT_MIN_ROWS = 128
 
 # Rows from which a bf16 model's int4 lane projection (kiln::linear_w4l_bf16) runs oneDNN on its packed bf16
-# copy instead, where `--int4-prefill-weights` kept one (kiln/llm/quant/int4_lanes.py). The lane kernel applies
+# copy instead, where `--int4-prefill-weights` kept one oneDNN-packed (CPUs with AMX; elsewhere the copy is in
+# lane layout and steps of 16+ rows take it: kLaneCopyMinRows, linear_w4l_bf16.cpp, kiln/llm/quant/int4_lanes.py,
+# measured in linear_bf16_lanes.cpp). The lane kernel applies
 # each group's scale and min in fp32 (two FMAs per sixteen vdpbf16ps per output vector: removing them, for a
 # ceiling only, made it 1.13x faster), so from ~100 rows oneDNN's packed GEMM on the rounded weights wins.
 # SmolLM2's 120 lane projections, AMD EPYC Zen 4, 2 threads, GFLOP/s lanes / packed: 32 rows 305 / 238;

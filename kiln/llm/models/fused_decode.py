@@ -106,7 +106,8 @@ def projection_tensors(module: nn.Module, dtype: torch.dtype) -> tuple[list[torc
     if type(module) is Linear and module.weight.dtype == dtype and module.weight.is_contiguous():
         return [module.weight], 0
     if type(module) is Int4LaneLinear and dtype == torch.bfloat16:
-        return [module.lanes, module.params], module.group_size
+        copy = module.lane_copy
+        return [module.lanes, module.params, *([] if copy is None else [copy])], module.group_size
     if type(module) is Int4CpuLinear and dtype in (torch.float32, torch.bfloat16):
         int8_activations = module.int8_activations and dtype == torch.float32  # the kernel: linear_w4a8
         return [module.codes, module.scale_min], -module.group_size if int8_activations else module.group_size
@@ -208,7 +209,7 @@ def projection_row_limit(tensors: list[torch.Tensor], group_size: int, dtype: to
     one kernel at every row count; Kiln-format int4 in an fp32 model up to
     INT4_DEQUANT_MIN_ROWS (then kiln::linear_w4_panels); anything else
     up to packed_min_rows (then a packed copy's oneDNN)."""
-    codes = tensors[0].dtype if len(tensors) == 2 else None
+    codes = tensors[0].dtype if len(tensors) > 1 else None  # lanes: [lanes, params] or with their bf16 copy
     if codes in (torch.int32, torch.int8) or (codes == torch.uint8 and group_size < 0):
         return None
     if codes == torch.uint8 and dtype == torch.float32:

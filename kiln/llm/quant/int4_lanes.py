@@ -23,16 +23,23 @@ first). Same bytes as Int4CpuLinear: codes 0.5 per weight, parameters 4 per grou
 modules for this one where the kernel runs; fp32 models keep Int4CpuLinear
 (its fp32 and int8-activation kernels read the other layout).
 
-A second copy for prompts (`--int4-prefill-weights`, `keep_prefill_copies`):
-the kernel applies each group's scale and min in fp32, two FMAs per sixteen
-dot products per output vector, which oneDNN's GEMM on bf16 weights does not
-pay; from INT4_LANES_PACKED_MIN_ROWS rows a module with a oneDNN-packed bf16
-copy of its weights (rounded to bf16, what `--quantization float` serves)
-multiplies through that instead (~1.1x faster prefill on Zen 4; where the CPU
-has AMX, oneDNN runs it on AMX tiles). Decode steps, which the fused decode
-layer takes, keep the int4 codes. Steps of fewer rows get the unrounded
-weights, so with a copy a row's bits depend on whether its step reached the
-threshold, as for float weights (Linear's packed copy).
+A second copy for steps of many rows (`--int4-prefill-weights`,
+`keep_prefill_copies`): the kernel applies each group's scale and min in fp32,
+two FMAs per sixteen dot products per output vector, which a product on bf16
+weights does not pay. The copy holds the weights rounded to bf16 (what
+`--quantization float` serves), in one of two forms:
+- where the CPU has AMX, oneDNN-packed: from INT4_LANES_PACKED_MIN_ROWS rows
+  the module multiplies through oneDNN, which runs it on AMX tiles; decode
+  steps, which the fused decode layer takes, keep the int4 codes;
+- elsewhere (AVX512_BF16 without AMX), in lane layout (`copy_to_lanes`): from
+  16 rows, prompt chunks and decode steps alike, the module and the fused
+  decode layer multiply through kiln::linear_bf16_lanes (the rule is in
+  kiln::linear_w4l_bf16, so both paths give a row the same bits): on Zen 4
+  1.2x faster than the int4 lanes at 39 rows and level with oneDNN's packed
+  GEMM at 2,048 (linear_bf16_lanes.cpp).
+Steps of fewer rows get the unrounded weights, so with a copy a row's bits
+depend on whether its step reached the threshold, as for float weights
+(Linear's packed copy).
 """
 from __future__ import annotations
 
@@ -42,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.llm.kernels.isa import cpu_isa
 from kiln.llm.kernels.ops import bf16_dot_products, linear_packed, linear_w4l_bf16, pack_linear_weight
 from kiln.llm.kernels.tuning import INT4_LANES_PACKED_MIN_ROWS
 from kiln.llm.quant.base import QuantizedLinear
@@ -73,6 +81,13 @@ def from_lanes(lanes: torch.Tensor, params: torch.Tensor) -> tuple[torch.Tensor,
     return q, scale_min
 
 
+def copy_to_lanes(weight: torch.Tensor) -> torch.Tensor:
+    """bf16 weights [N, K] -> [N/16, K/2, 16, 2]: block r, pair c, lane j holds
+    (w[16r + j, 2c], w[16r + j, 2c + 1]) (kiln::linear_bf16_lanes' layout)."""
+    n, k = weight.shape
+    return weight.reshape(n // LANES, LANES, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
 def lanes_apply(module: Int4CpuLinear) -> bool:
     """Whether this layout takes `module`: CPU, rows a multiple of 16, bf16 activations."""
     return (
@@ -93,10 +108,11 @@ class Int4LaneLinear(QuantizedLinear):
         self.group_size = group_size
         self.register_buffer("lanes", lanes.contiguous())
         self.register_buffer("params", params.contiguous())
-        # oneDNN-packed bf16 copy for steps of many rows (`pack`), or None; a plain
-        # attribute, so state_dict and .to() leave it alone (the engine reports it
-        # with the other packed copies).
+        # bf16 copy for steps of many rows (`pack`), or None: oneDNN-packed, or in
+        # lane layout where `copy_in_lanes`. A plain attribute, so state_dict and
+        # .to() leave it alone (the engine reports it with the other packed copies).
         self.packed: torch.Tensor | None = None
+        self.copy_in_lanes = False
 
     @classmethod
     def from_int4_cpu(cls, module: Int4CpuLinear) -> Int4LaneLinear:
@@ -107,18 +123,28 @@ class Int4LaneLinear(QuantizedLinear):
         """float32 [N, K]: q * scale + min, as Int4CpuLinear.dequantized_weight."""
         return dequantize(*from_lanes(self.lanes, self.params), self.group_size)
 
-    def pack(self) -> int:
-        """Keep a oneDNN-packed copy of the weights rounded to bf16 for inputs of
-        INT4_LANES_PACKED_MIN_ROWS rows or more; returns its bytes (0 where oneDNN
-        cannot pack). Call last: the copy does not follow later changes."""
-        self.packed = pack_linear_weight(self.dequantized_weight().to(torch.bfloat16))
+    def pack(self, in_lanes: bool = False) -> int:
+        """Keep a copy of the weights rounded to bf16 for steps of many rows:
+        in lane layout (`in_lanes`: from 16 rows, kiln::linear_bf16_lanes), else
+        oneDNN-packed (from INT4_LANES_PACKED_MIN_ROWS rows); returns its bytes
+        (0 where oneDNN cannot pack). Call last: the copy does not follow later
+        changes."""
+        weight = self.dequantized_weight().to(torch.bfloat16)
+        self.packed = copy_to_lanes(weight) if in_lanes else pack_linear_weight(weight)
+        self.copy_in_lanes = in_lanes and self.packed is not None
         return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
+
+    @property
+    def lane_copy(self) -> torch.Tensor | None:
+        """The bf16 copy in lane layout, or None (no copy, or a oneDNN-packed one)."""
+        return self.packed if self.copy_in_lanes else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if self.packed is not None and x2.shape[0] >= INT4_LANES_PACKED_MIN_ROWS and x2.dtype == torch.bfloat16:
+        if (self.packed is not None and not self.copy_in_lanes and x2.shape[0] >= INT4_LANES_PACKED_MIN_ROWS
+                and x2.dtype == torch.bfloat16):
             return linear_packed(x2, self.packed).reshape(*x.shape[:-1], self.out_features)
-        y = linear_w4l_bf16(x2, self.lanes, self.params, self.group_size)
+        y = linear_w4l_bf16(x2, self.lanes, self.params, self.group_size, self.lane_copy)
         if y is None:  # not bf16 CPU activations, or no kernel: the same weights through torch
             y = F.linear(x2, self.dequantized_weight().to(device=x2.device, dtype=x2.dtype))
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -150,11 +176,19 @@ def lay_out_lanes(model: nn.Module, dtype: torch.dtype) -> int:
 PREFILL_COPY_SHARE = 8  # `auto` keeps the copies when they take at most 1/8 of the available memory
 
 
+def copies_in_lanes() -> bool:
+    """The bf16 copies' form on this CPU: oneDNN-packed where it has AMX (oneDNN
+    multiplies on AMX tiles), else in lane layout. Follows KILN_ISA."""
+    return not cpu_isa().at_least("amx")
+
+
 def keep_prefill_copies(model: nn.Module, choice: str, available: int | None) -> int:
     """`--int4-prefill-weights` on a finished model: every Int4LaneLinear gets its
-    packed bf16 copy (`pack`) where `choice` is "bf16", or "auto" and the copies fit
-    in 1/PREFILL_COPY_SHARE of `available` bytes (unknown: no copy); "int4" keeps
-    none. Returns the bytes kept; logs the decision."""
+    bf16 copy (`pack`, in the form `copies_in_lanes` picks) where `choice` is
+    "bf16", or "auto" and the copies fit in 1/PREFILL_COPY_SHARE of `available`
+    bytes (unknown: no copy); "int4" keeps none. Returns the bytes kept; logs the
+    decision. Gather the model's fused decode layers again after it: a copy in
+    lane layout is one of their tensors."""
     lanes = [m for m in model.modules() if isinstance(m, Int4LaneLinear)]
     if not lanes:
         if choice == "bf16":
@@ -169,8 +203,10 @@ def keep_prefill_copies(model: nn.Module, choice: str, available: int | None) ->
             log.info("int4 prefill weights: the int4 codes only (a bf16 copy would take %.2f GiB, %s; "
                      "--int4-prefill-weights bf16 keeps one)", need / 2**30, room)
         return 0
-    kept = sum(m.pack() for m in lanes)
-    log.info("int4 prefill weights: a bf16 copy of %d int4 projections for steps of %d+ rows (%.2f GiB; "
-             "--int4-prefill-weights int4 keeps the codes only)", len(lanes), INT4_LANES_PACKED_MIN_ROWS,
-             kept / 2**30)
+    in_lanes = copies_in_lanes()
+    kept = sum(m.pack(in_lanes) for m in lanes)
+    form = "in lane layout for steps of 16+ rows" if in_lanes else (
+        f"oneDNN-packed (AMX) for steps of {INT4_LANES_PACKED_MIN_ROWS}+ rows")
+    log.info("int4 prefill weights: a bf16 copy of %d int4 projections, %s (%.2f GiB; "
+             "--int4-prefill-weights int4 keeps the codes only)", len(lanes), form, kept / 2**30)
     return kept

@@ -1,7 +1,8 @@
 """`--int4-prefill-weights` on the default model in bf16: with `bf16` the kept
-Q4_1 projections multiply a prompt of 128+ tokens through their packed bf16
-copy (and the engine reports the copy's bytes), with `int4` through the codes
-only; both answer the question the prompt asks."""
+Q4_1 projections multiply a prompt of 128+ tokens through their bf16 copy (in
+lane layout, or oneDNN-packed where the CPU has AMX; the engine reports the
+copy's bytes), with `int4` through the codes only; both answer the question
+the prompt asks."""
 import pytest
 
 from kiln import SamplingParams
@@ -26,15 +27,22 @@ CHAT = [{"role": "user", "content": FACTS * 2 + "Question: what is the capital o
 
 @pytest.fixture
 def packed_calls(monkeypatch):
-    """Row counts of every multiply through an int4 projection's packed copy."""
+    """Row counts of every multiply through an int4 projection's copy (a module's
+    call: a oneDNN-packed copy always, one in lane layout from 16 rows)."""
     rows = []
-    real = int4_lanes.linear_packed
+    real_packed, real_lanes = int4_lanes.linear_packed, int4_lanes.linear_w4l_bf16
 
-    def spy(x, packed):
+    def spy_packed(x, packed):
         rows.append(x.shape[0])
-        return real(x, packed)
+        return real_packed(x, packed)
 
-    monkeypatch.setattr(int4_lanes, "linear_packed", spy)
+    def spy_lanes(x, lanes, params, group_size, copy=None):
+        if copy is not None and x.shape[0] >= 16:  # kLaneCopyMinRows, linear_w4l_bf16.cpp
+            rows.append(x.shape[0])
+        return real_lanes(x, lanes, params, group_size, copy)
+
+    monkeypatch.setattr(int4_lanes, "linear_packed", spy_packed)
+    monkeypatch.setattr(int4_lanes, "linear_w4l_bf16", spy_lanes)
     return rows
 
 
@@ -53,7 +61,7 @@ def test_a_long_prompt_takes_the_copy_only_when_kept(make_smollm2_engine, smollm
     assert len(ids) >= INT4_LANES_PACKED_MIN_ROWS
     out = llm.generate([ids], SamplingParams(max_tokens=12, temperature=0.0))[0].outputs[0]
     assert "Berlin" in out.text, out.text
-    if choice == "bf16":  # the prompt's step through the copies, the decode steps not
+    if choice == "bf16":  # the prompt's step through the copies, the (one-row) decode steps not
         assert packed_calls and set(packed_calls) == {len(ids)} and len(packed_calls) == 120
     else:
         assert packed_calls == []

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kiln.llm.attention.metadata import AttentionMetadata, PrefillSeq
+from kiln.llm.kernels import ops
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.kernels.ops import decode_profile, packed_min_rows
 from kiln.llm.kernels.tuning import INT4_DEQUANT_MIN_ROWS, PACKED_MIN_ROWS
@@ -55,10 +56,15 @@ def model_in(mode: str, arch: LlamaArch = ARCH) -> LlamaModel:
         norm = "layernorm" in name or name == "norm.weight" or name.endswith("_norm.weight")
         p.data.normal_(1.0, 0.1) if norm else p.data.normal_(0, 0.05)
     quantization = {"fp32": None, "bf16": None, "int8": "int8", "int8-bf16": "int8"}.get(mode, "int4")
-    dtype = torch.bfloat16 if mode in ("bf16", "int4-bf16", "int8-bf16") else torch.float32  # else int4, int4-a8
+    dtype = torch.bfloat16 if mode in ("bf16", "int4-bf16", "int4-bf16-copy", "int8-bf16") else torch.float32
     model.finish(torch.device("cpu"), dtype, quantization, group_size=32)
     if mode == "int4-a8":  # --int4-activations int8, as the engine builder switches it
         use_int8_activations(model)
+        model.fused_layers = model.gather_fused_layers()
+    if mode == "int4-bf16-copy":  # --int4-prefill-weights bf16 without AMX: a bf16 copy in lane layout, 16+ rows
+        for m in model.modules():
+            if type(m) is Int4LaneLinear:
+                m.pack(in_lanes=True)
         model.fused_layers = model.gather_fused_layers()
     return model
 
@@ -100,6 +106,7 @@ def assert_fused_step_is_the_module_path(model: LlamaModel, batch: int, pool_dty
      ("fp32", torch.float16), ("int4", torch.bfloat16),  # 16-bit KV pools (kv_cache_dtype)
      ("bf16", torch.bfloat16), ("bf16", torch.float32),  # a bf16 model: its own pool dtype, or fp32
      ("int4-bf16", torch.bfloat16),  # a bf16 model keeping int4 projections (a GGUF's under --dtype auto here)
+     ("int4-bf16-copy", torch.bfloat16),  # and their bf16 copy in lane layout (20 rows take it)
      ("int8-bf16", torch.bfloat16),  # --quantization int8 in a bf16 model: rows widened to fp32, rounded once
      ("int4-a8", torch.float32)],  # int4 projections on int8 activations (--int4-activations int8)
 )
@@ -114,7 +121,7 @@ def test_fused_step_is_bit_identical_to_the_module_path(mode, pool_dtype, batch)
     "mode,qk_norm,inter",
     [("fp32", False, 128), ("int8", False, 128), ("int4", False, 128), ("bf16", False, 128),  # Mixtral's layer
      ("fp32", True, 128), ("int8", True, 128),  # Qwen3-MoE's (q/k norms: fp32 models only)
-     ("int4-bf16", False, 128), ("int8-bf16", False, 128), ("int4-a8", False, 128),
+     ("int4-bf16", False, 128), ("int4-bf16-copy", False, 128), ("int8-bf16", False, 128), ("int4-a8", False, 128),
      ("int4", False, 96)],  # experts' down_proj K=96 is no multiple of 64: not the kernel's int4, the block runs as is
 )
 @pytest.mark.parametrize("batch", [1, 5, 20])  # 1: the MoE block's one-token path; 20: two decode groups
@@ -124,7 +131,9 @@ def test_moe_layers_fuse_attention_and_experts_bit_identically(mode, qk_norm, in
     layers = model.fused_layers
     assert layers is not None and [f.moe is not None for f in layers] == [True, False, True]
     assert all(type(f.moe) is SparseMoeBlock for f in (layers[0], layers[2]))
-    per_expert = (1 if mode in ("fp32", "bf16") else 2) if inter % 64 == 0 else 0  # [w], [w, scales], [codes, sm]
+    # [w], [w, scales], [codes, sm]; [lanes, params, copy] where the build lays int4 out in lanes
+    width = 3 if mode == "int4-bf16-copy" and ops.bf16_dot_products() else 1 if mode in ("fp32", "bf16") else 2
+    per_expert = width if inter % 64 == 0 else 0
     assert len(layers[0].gate_up) == len(layers[0].down) == moe.num_experts * per_expert
     assert (layers[0].q_norm is not None) == qk_norm
     assert_fused_step_is_the_module_path(model, batch, model.embed_tokens.dtype)
@@ -148,12 +157,14 @@ def test_gemma_layers_fuse_bit_identically(arch, mode, batch):
     assert_fused_step_is_the_module_path(model, batch, model.embed_tokens.dtype)
 
 
-@pytest.mark.parametrize("arch,mode", [(ARCH, "fp32"), (ARCH, "bf16"), (ARCH, "int4-bf16"), (GEMMA3_ARCH, "fp32")])
+@pytest.mark.parametrize(
+    "arch,mode", [(ARCH, "fp32"), (ARCH, "bf16"), (ARCH, "int4-bf16"), (ARCH, "int4-bf16-copy"), (GEMMA3_ARCH, "fp32")]
+)
 def test_a_dense_model_steps_in_one_stack_call_bit_identical_to_per_layer_calls(arch, mode):
     model = model_in(mode, arch)
     layers = model.fused_layers
     assert layers is not None and layers.stack is not None and layers.stack.size() == arch.num_layers
-    ids, positions, pool, meta = decode_step(5, model.embed_tokens.dtype)
+    ids, positions, pool, meta = decode_step(20 if mode.endswith("copy") else 5, model.embed_tokens.dtype)
     per_layer_pool = [p.clone() for p in pool]
     stack = layers.stack
     with torch.inference_mode():
