@@ -4,7 +4,7 @@
 // int4 lane projections (`--int4-prefill-weights`, quant/int4_lanes.py)
 // for steps of kLaneCopyMinRows rows or more.
 //
-// Layout (int4_lanes.py `copy_to_lanes` writes it):
+// Layout (kiln/llm/kernels/ops.py `bf16_lanes_copy` writes it):
 //   lanes   bf16 [N/16, K/2, 16, 2]: block r, pair c, lane j holds
 //           (w[16r + j, 2c], w[16r + j, 2c + 1])
 // so one zmm load is sixteen rows' pairs, and vdpbf16ps against the

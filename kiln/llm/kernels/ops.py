@@ -135,6 +135,43 @@ def linear_packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+def copies_in_lanes() -> bool:
+    """The form of the bf16 weight copies kept for steps of many rows on this
+    CPU: Kiln's lane layout (linear_bf16_lanes) where the loaded build has bf16
+    dot products and the CPU no AMX, else oneDNN-packed (oneDNN multiplies on
+    AMX tiles). Follows KILN_ISA."""
+    return bf16_dot_products() and not isa.cpu_isa().at_least("amx")
+
+
+def bf16_lanes_copy(weight: torch.Tensor) -> torch.Tensor:
+    """bf16 weights [N, K] (N % 16 == 0, K even) -> [N/16, K/2, 16, 2]: block r,
+    pair c, lane j holds (w[16r + j, 2c], w[16r + j, 2c + 1]) (linear_bf16_lanes' layout)."""
+    n, k = weight.shape
+    return weight.reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def copy_for_many_rows(weight: torch.Tensor) -> torch.Tensor | None:
+    """A copy of a CPU weight [N, K] for steps of many rows (`linear_copy`): a
+    bf16 one in lane layout where `copies_in_lanes` and the shape takes it, else
+    oneDNN-packed (None where oneDNN is unavailable)."""
+    n, k = weight.shape
+    if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and n % 16 == 0 and k % 2 == 0 \
+            and copies_in_lanes():
+        return bf16_lanes_copy(weight)
+    return pack_linear_weight(weight)
+
+
+def linear_copy(x: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ W^T with W's `copy_for_many_rows` copy (x in its dtype); each row's
+    result does not depend on M in either form."""
+    if copy.dim() == 4:  # lane layout
+        y = linear_bf16_lanes(x, copy)
+        if y is None:
+            raise KilnError("a bf16 weight copy in lane layout needs the kernel build with bf16 dot products")
+        return y
+    return linear_packed(x, copy)
+
+
 def _weight_only_applies(
     x: torch.Tensor, weight: torch.Tensor, weight_dtype: torch.dtype, params: torch.Tensor, params_dtype: torch.dtype
 ) -> bool:
@@ -254,7 +291,7 @@ def linear_w4l_bf16(
     """x [M, K] bf16 @ int4-group weights in lane layout (quant/int4_lanes.py)^T
     -> bf16, by bf16 dot products on the weights unrounded, or None where the
     build has no bf16 dot products. `copy`: the weights rounded to bf16 in lane
-    layout (int4_lanes.copy_to_lanes), which steps of 16 rows or more take
+    layout (bf16_lanes_copy), which steps of 16 rows or more take
     instead (linear_w4l_bf16.cpp kLaneCopyMinRows, the fused decode layer's rule too)."""
     if not (bf16_dot_products() and x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
             and lanes.dtype == torch.int32 and params.dtype in (torch.float16, torch.float32)):
@@ -264,7 +301,7 @@ def linear_w4l_bf16(
 
 def linear_bf16_lanes(x: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor | None:
     """x [M, K] bf16 @ bf16 weights in lane layout [N/16, K/2, 16, 2]
-    (int4_lanes.copy_to_lanes)^T -> bf16 (linear_bf16_lanes.cpp), or None where
+    (bf16_lanes_copy)^T -> bf16 (linear_bf16_lanes.cpp), or None where
     the build has no bf16 dot products."""
     if not (bf16_dot_products() and x.dim() == 2 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
             and lanes.dtype == torch.bfloat16 and lanes.dim() == 4):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kiln.llm.kernels import ops
-from kiln.llm.kernels.ops import linear_packed, pack_linear_weight, packed_min_rows
+from kiln.llm.kernels.ops import copy_for_many_rows, linear_copy, packed_min_rows
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -25,15 +25,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def takes_packed(x: torch.Tensor, packed: torch.Tensor | None) -> bool:
-    """Whether `project` runs x through the oneDNN copy: there is one, x is in its
-    dtype and has more than packed_min_rows(dtype) rows."""
+    """Whether `project` runs x through the weight's copy for many rows: there is
+    one, x is in its dtype and has more than packed_min_rows(dtype) rows."""
     return packed is not None and x.dim() == 2 and x.dtype == packed.dtype and x.shape[0] > packed_min_rows(x.dtype)
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight^T, through `packed` (weight's oneDNN copy) where `takes_packed`, else `linear`."""
+    """x @ weight^T, through `packed` (weight's copy_for_many_rows: oneDNN-packed,
+    or bf16 in lane layout) where `takes_packed`, else `linear`."""
     if packed is not None and takes_packed(x, packed):
-        return linear_packed(x, packed)
+        return linear_copy(x, packed)
     return linear(x, weight)
 
 
@@ -63,10 +64,11 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
 
     def pack(self) -> None:
-        """Keep a oneDNN-packed copy of the weight for prefill-sized inputs
-        (fp32 or bf16 CPU weights). Call last: the copy does not follow later
-        changes to the weight."""
-        self.packed = pack_linear_weight(self.weight)
+        """Keep a copy of the weight for inputs of many rows (fp32 or bf16 CPU
+        weights; `copy_for_many_rows`: oneDNN-packed, or a bf16 weight in lane
+        layout on CPUs with AVX512_BF16 and no AMX). Call last: the copy does not
+        follow later changes to the weight."""
+        self.packed = copy_for_many_rows(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return project(x, self.weight, self.packed)

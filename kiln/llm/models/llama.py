@@ -25,7 +25,7 @@ from kiln.llm.attention.backend import AttentionBackend, TorchPagedAttention
 from kiln.llm.attention.metadata import AttentionMetadata
 from kiln.llm.attention.options import AttentionOptions
 from kiln.llm.attention.selector import install_attention_backend
-from kiln.llm.kernels.ops import pack_linear_weight
+from kiln.llm.kernels.ops import copy_for_many_rows
 from kiln.llm.layers.linear import Linear, pack_for_prefill, project
 from kiln.llm.layers.norm import RMSNorm
 from kiln.llm.layers.rotary import RotaryEmbedding
@@ -200,7 +200,7 @@ class LlamaModel(nn.Module):
         if self.logits_head is None:
             head = stored_head.head(self.lm_head) if quantization is None and stored_head is not None else None
             if head is None or not head.takes_every_row:
-                self.lm_head_packed = pack_linear_weight(self.lm_head)
+                self.lm_head_packed = copy_for_many_rows(self.lm_head)
             if head is not None:
                 head.packed = self.lm_head_packed
                 self.logits_head = head
@@ -218,7 +218,7 @@ class LlamaModel(nn.Module):
             if self.lm_head.numel() == 0:
                 raise ValueError("the untied float LM head was released when it was quantized")
             self.logits_head = None
-            self.lm_head_packed = pack_linear_weight(self.lm_head)
+            self.lm_head_packed = copy_for_many_rows(self.lm_head)
             return
         head = quantize_weight(self.lm_head.detach(), method, group_size)
         if head is None:

@@ -31,7 +31,7 @@ weights does not pay. The copy holds the weights rounded to bf16 (what
 - where the CPU has AMX, oneDNN-packed: from INT4_LANES_PACKED_MIN_ROWS rows
   the module multiplies through oneDNN, which runs it on AMX tiles; decode
   steps, which the fused decode layer takes, keep the int4 codes;
-- elsewhere (AVX512_BF16 without AMX), in lane layout (`copy_to_lanes`): from
+- elsewhere (AVX512_BF16 without AMX), in lane layout (`ops.bf16_lanes_copy`): from
   16 rows, prompt chunks and decode steps alike, the module and the fused
   decode layer multiply through kiln::linear_bf16_lanes (the rule is in
   kiln::linear_w4l_bf16, so both paths give a row the same bits): on Zen 4
@@ -49,8 +49,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.llm.kernels.isa import cpu_isa
-from kiln.llm.kernels.ops import bf16_dot_products, linear_packed, linear_w4l_bf16, pack_linear_weight
+from kiln.llm.kernels.ops import (
+    bf16_dot_products,
+    bf16_lanes_copy,
+    copies_in_lanes,
+    linear_packed,
+    linear_w4l_bf16,
+    pack_linear_weight,
+)
 from kiln.llm.kernels.tuning import INT4_LANES_PACKED_MIN_ROWS
 from kiln.llm.quant.base import QuantizedLinear
 from kiln.llm.quant.int4_cpu import Int4CpuLinear, dequantize, unpack_codes
@@ -79,13 +85,6 @@ def from_lanes(lanes: torch.Tensor, params: torch.Tensor) -> tuple[torch.Tensor,
     q = torch.stack([first, second], dim=-1).reshape(blocks * LANES, chunks * CHUNK)
     scale_min = params.permute(0, 3, 1, 2).reshape(blocks * LANES, params.shape[1], 2)
     return q, scale_min
-
-
-def copy_to_lanes(weight: torch.Tensor) -> torch.Tensor:
-    """bf16 weights [N, K] -> [N/16, K/2, 16, 2]: block r, pair c, lane j holds
-    (w[16r + j, 2c], w[16r + j, 2c + 1]) (kiln::linear_bf16_lanes' layout)."""
-    n, k = weight.shape
-    return weight.reshape(n // LANES, LANES, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def lanes_apply(module: Int4CpuLinear) -> bool:
@@ -130,7 +129,7 @@ class Int4LaneLinear(QuantizedLinear):
         (0 where oneDNN cannot pack). Call last: the copy does not follow later
         changes."""
         weight = self.dequantized_weight().to(torch.bfloat16)
-        self.packed = copy_to_lanes(weight) if in_lanes else pack_linear_weight(weight)
+        self.packed = bf16_lanes_copy(weight) if in_lanes else pack_linear_weight(weight)
         self.copy_in_lanes = in_lanes and self.packed is not None
         return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
 
@@ -174,12 +173,6 @@ def lay_out_lanes(model: nn.Module, dtype: torch.dtype) -> int:
 
 
 PREFILL_COPY_SHARE = 8  # `auto` keeps the copies when they take at most 1/8 of the available memory
-
-
-def copies_in_lanes() -> bool:
-    """The bf16 copies' form on this CPU: oneDNN-packed where it has AMX (oneDNN
-    multiplies on AMX tiles), else in lane layout. Follows KILN_ISA."""
-    return not cpu_isa().at_least("amx")
 
 
 def keep_prefill_copies(model: nn.Module, choice: str, available: int | None) -> int:

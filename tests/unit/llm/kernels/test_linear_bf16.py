@@ -119,7 +119,7 @@ def test_bf16_layer_routes_by_rows(monkeypatch):
     layer.weight.data.normal_()
     pack_for_prefill(layer)
     calls = []
-    monkeypatch.setattr(linear_mod, "linear_packed", lambda x, p: calls.append(x.shape[0]) or F.linear(x, layer.weight))
+    monkeypatch.setattr(linear_mod, "linear_copy", lambda x, p: calls.append(x.shape[0]) or F.linear(x, layer.weight))
     layer.packed = layer.packed if layer.packed is not None else layer.weight  # routing without oneDNN too
     limit = ops.packed_min_rows(torch.bfloat16)
     for rows in (1, limit, limit + 1, 500):

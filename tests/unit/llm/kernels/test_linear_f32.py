@@ -108,7 +108,7 @@ def test_layer_uses_the_packed_copy_only_for_prefill_sized_fp32_inputs(monkeypat
     layer.weight.data.normal_()
     assert linear_mod.pack_for_prefill(layer) == (1 if ops.pack_linear_weight(layer.weight) is not None else 0)
     calls = []
-    monkeypatch.setattr(linear_mod, "linear_packed", lambda x, p: calls.append(x.shape[0]) or F.linear(x, layer.weight))
+    monkeypatch.setattr(linear_mod, "linear_copy", lambda x, p: calls.append(x.shape[0]) or F.linear(x, layer.weight))
     layer.packed = layer.packed if layer.packed is not None else layer.weight  # exercise routing without oneDNN too
     for rows in (1, tuning.PACKED_MIN_ROWS, tuning.PACKED_MIN_ROWS + 1, 500):
         x = torch.randn(rows, 64)
@@ -132,8 +132,8 @@ def test_finished_model_takes_many_logit_rows_through_the_packed_lm_head(tiny_ll
         pytest.skip("oneDNN unavailable: no packed copy to route to")
     assert model.lm_head_packed is not None and model.lm_head is model.embed_tokens  # tied: packed, not re-pointed
     calls = []
-    real = linear_mod.linear_packed
-    monkeypatch.setattr(linear_mod, "linear_packed", lambda x, p: calls.append(x.shape[0]) or real(x, p))
+    real = linear_mod.linear_copy
+    monkeypatch.setattr(linear_mod, "linear_copy", lambda x, p: calls.append(x.shape[0]) or real(x, p))
     for rows in (1, tuning.PACKED_MIN_ROWS, tuning.PACKED_MIN_ROWS + 8):
         hidden = torch.randn(rows, model.arch.hidden_size)
         torch.testing.assert_close(model.compute_logits(hidden), F.linear(hidden, model.lm_head), rtol=1e-5, atol=1e-4)

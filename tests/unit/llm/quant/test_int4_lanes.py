@@ -18,7 +18,6 @@ from kiln.llm.quant import int4_lanes
 from kiln.llm.quant.int4_cpu import Int4CpuLinear, pack_codes, quantize_int4_fp16, unpack_codes
 from kiln.llm.quant.int4_lanes import (
     Int4LaneLinear,
-    copy_to_lanes,
     from_lanes,
     keep_prefill_copies,
     lay_out_lanes,
@@ -150,38 +149,12 @@ def test_the_packed_copy_takes_steps_from_the_threshold_and_the_lanes_below_it()
 LANE_COPY_MIN_ROWS = 16  # kLaneCopyMinRows in kiln/llm/kernels/linear_w4l_bf16.cpp
 
 
-def test_the_copy_in_lanes_holds_pairs_of_a_rows_weights():
-    w = torch.randn(32, 8).bfloat16()
-    lanes = copy_to_lanes(w)
-    assert lanes.shape == (2, 4, 16, 2) and lanes.dtype == torch.bfloat16
-    assert torch.equal(lanes[1, 3, 5], w[16 + 5, 6:8])  # block 1, pair 3, lane 5: row 21, weights 6 and 7
-
-
 @needs_bf16_kernel
-@pytest.mark.parametrize("n,k", [(48, 64), (80, 576), (16, 2)])  # 80 rows: a tile of 3 blocks and 2 more
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 23, 97, 200])  # tiles of 8 and their tails; 96-row sweeps
-def test_bf16_lanes_multiply_as_fp64_and_give_a_row_its_bits_whatever_the_batch(n, k, rows):
-    g = torch.Generator().manual_seed(rows)
-    w, x = torch.randn(n, k, generator=g).bfloat16(), torch.randn(rows, k, generator=g).bfloat16()
-    y = ops.linear_bf16_lanes(x, copy_to_lanes(w))
-    ref, magnitude = x.double() @ w.double().T, x.double().abs() @ w.double().abs().T
-    assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
-    assert ((y.double() - ref).abs() <= torch.finfo(torch.bfloat16).eps * magnitude + 1e-30).all()
-    for i in (0, rows // 2, rows - 1):
-        assert torch.equal(y[i], ops.linear_bf16_lanes(x[i : i + 1], copy_to_lanes(w))[0])
-
-
-@needs_bf16_kernel
-def test_bf16_lanes_name_the_layout_they_need():
-    w, x = torch.randn(32, 64).bfloat16(), torch.randn(2, 64).bfloat16()
-    with pytest.raises(RuntimeError, match=r"linear_bf16_lanes: bf16 CPU lanes \[N/16, K/2, 16, 2\] required"):
-        torch.ops.kiln.linear_bf16_lanes(x, w)
-    with pytest.raises(RuntimeError, match="linear_bf16_lanes: x has 32 columns, the weight 64"):
-        torch.ops.kiln.linear_bf16_lanes(x[:, :32], copy_to_lanes(w))
+def test_a_copy_that_does_not_match_the_lanes_is_named():
     layer = Int4LaneLinear.from_int4_cpu(int4_layer(32, 64, 32))
     with pytest.raises(RuntimeError, match="the bf16 copy .* must match the lanes"):
         torch.ops.kiln.linear_w4l_bf16(torch.randn(16, 64).bfloat16(), layer.lanes, layer.params, 32, None,
-                                       copy_to_lanes(torch.randn(48, 64).bfloat16()))
+                                       ops.bf16_lanes_copy(torch.randn(48, 64).bfloat16()))
 
 
 @needs_bf16_kernel
@@ -189,7 +162,7 @@ def test_the_copy_in_lanes_takes_steps_from_16_rows_and_the_int4_lanes_below():
     layer = Int4LaneLinear.from_int4_cpu(int4_layer(64, 576, 32))
     plain = Int4LaneLinear.from_int4_cpu(int4_layer(64, 576, 32))
     assert layer.pack(in_lanes=True) == 2 * 64 * 576 and layer.lane_copy is not None
-    rounded = copy_to_lanes(layer.dequantized_weight().bfloat16())
+    rounded = ops.bf16_lanes_copy(layer.dequantized_weight().bfloat16())
     x = torch.randn(150, 576, generator=torch.Generator().manual_seed(4)).bfloat16()
     for rows in (1, 8, LANE_COPY_MIN_ROWS - 1):
         assert torch.equal(layer(x[:rows]), plain(x[:rows]))  # the int4 lanes, unrounded weights
@@ -213,13 +186,6 @@ def test_the_copies_form_follows_amx(monkeypatch, amx):
         assert m.packed is not None and (m.packed.shape == (m.out_features // 16, m.in_features // 2, 16, 2)) is not amx
 
 
-def test_a_forced_isa_below_amx_copies_in_lanes(monkeypatch):
-    monkeypatch.setenv("KILN_ISA", "avx512_bf16")
-    int4_lanes.cpu_isa.cache_clear()
-    try:
-        assert int4_lanes.copies_in_lanes()
-    finally:
-        int4_lanes.cpu_isa.cache_clear()
 
 
 class LaneProjections(nn.Module):

@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 from transformers import LlamaForCausalLM
 
+from kiln.llm.kernels import ops
 from kiln.llm.kernels.build import cpu_supported
 from kiln.llm.kernels.ops import bf16_dot_products, kernels_loaded, pack_linear_weight, q8_0_lane_panels
 from kiln.llm.kernels.tuning import Q8_0_HEAD_MAX_ROWS
@@ -110,6 +111,22 @@ def test_a_bf16_head_computes_the_bf16_float_heads_logits_on_every_path(packed):
         assert torch.equal(head(x), project(x, w16, copy)), m
         assert torch.equal(torch.ops.kiln.linear_q8_0_bf16(x, weight.codes, weight.scales),
                            torch.ops.kiln.linear_bf16(x, w16)), m
+
+
+@pytest.mark.skipif(not ops.bf16_dot_products(), reason="no bf16 dot products (AVX512_BF16) in the loaded build")
+def test_a_bf16_head_with_its_copy_in_lane_layout_computes_the_float_heads_logits():
+    """Where the copy for many rows is in lane layout (CPUs with AVX512_BF16, no AMX):
+    the kernel up to Q8_0_HEAD_MAX_ROWS rows, linear_bf16 up to packed_min_rows, then the copy."""
+    weight, w = blocks(208, 160, seed=4)
+    w16 = w.bfloat16()
+    copy = ops.bf16_lanes_copy(w16)
+    head = weight.head(w16, copy)
+    for m in (1, 6, 7, 8, 9, 16, 48, 49):
+        x = torch.randn(m, 160).bfloat16()
+        y = head(x)
+        assert torch.equal(y, project(x, w16, copy)), m
+        if m > ops.packed_min_rows(torch.bfloat16):
+            assert torch.equal(y, ops.linear_bf16_lanes(x, copy)), m
 
 
 @kernels
