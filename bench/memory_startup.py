@@ -89,7 +89,7 @@ def run_phases(model: str | None, kv_gib: float | None) -> dict:
     builder.load_checkpoint = timed(phases, "checkpoint read (+ dequantization)", builder.load_checkpoint)
     finish = llama.LlamaModel.finish
     llama.pack_for_prefill = timed(phases, "packing (projections)", llama.pack_for_prefill, "finish: settle, cast")
-    llama.pack_linear_weight = timed(phases, "packing (LM head)", llama.pack_linear_weight, "finish: other")
+    llama.copy_for_many_rows = timed(phases, "packing (LM head)", llama.copy_for_many_rows, "finish: other")
 
     def finish_timed(self, *args, **kwargs):
         phases.mark("model build + weight copy")
