@@ -1,8 +1,10 @@
 // bf16 weights in lane layout against bf16 x (the avx512_bf16 build only):
 // the outer product of linear_w4l_bf16.cpp on weights already in bf16, so
-// no widening and no per-group epilogue. It serves the bf16 copy of the
-// int4 lane projections (`--int4-prefill-weights`, quant/int4_lanes.py)
-// for steps of kLaneCopyMinRows rows or more.
+// no widening and no per-group epilogue. It serves the bf16 weight copies
+// kept for steps of many rows on CPUs with AVX512_BF16 and no AMX
+// (ops.copy_for_many_rows): the int4 lane projections' (`--int4-prefill-weights`,
+// quant/int4_lanes.py; kLaneCopyMinRows rows or more), a bf16 Linear's and
+// the LM head's (more than packed_min_rows rows, layers/linear.py `project`).
 //
 // Layout (kiln/llm/kernels/ops.py `bf16_lanes_copy` writes it):
 //   lanes   bf16 [N/16, K/2, 16, 2]: block r, pair c, lane j holds

@@ -155,10 +155,8 @@ def copy_for_many_rows(weight: torch.Tensor) -> torch.Tensor | None:
     bf16 one in lane layout where `copies_in_lanes` and the shape takes it, else
     oneDNN-packed (None where oneDNN is unavailable)."""
     n, k = weight.shape
-    if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and n % 16 == 0 and k % 2 == 0 \
-            and copies_in_lanes():
-        return bf16_lanes_copy(weight)
-    return pack_linear_weight(weight)
+    lanes_fit = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and n % 16 == 0 and k % 2 == 0
+    return bf16_lanes_copy(weight) if lanes_fit and copies_in_lanes() else pack_linear_weight(weight)
 
 
 def linear_copy(x: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
