@@ -108,10 +108,9 @@ class Int4LaneLinear(QuantizedLinear):
         self.register_buffer("lanes", lanes.contiguous())
         self.register_buffer("params", params.contiguous())
         # bf16 copy for steps of many rows (`pack`), or None: oneDNN-packed, or in
-        # lane layout where `copy_in_lanes`. A plain attribute, so state_dict and
-        # .to() leave it alone (the engine reports it with the other packed copies).
+        # lane layout (4-D, `lane_copy`). A plain attribute, so state_dict and .to()
+        # leave it alone (the engine reports it with the other packed copies).
         self.packed: torch.Tensor | None = None
-        self.copy_in_lanes = False
 
     @classmethod
     def from_int4_cpu(cls, module: Int4CpuLinear) -> Int4LaneLinear:
@@ -130,17 +129,16 @@ class Int4LaneLinear(QuantizedLinear):
         changes."""
         weight = self.dequantized_weight().to(torch.bfloat16)
         self.packed = bf16_lanes_copy(weight) if in_lanes else pack_linear_weight(weight)
-        self.copy_in_lanes = in_lanes and self.packed is not None
         return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
 
     @property
     def lane_copy(self) -> torch.Tensor | None:
         """The bf16 copy in lane layout, or None (no copy, or a oneDNN-packed one)."""
-        return self.packed if self.copy_in_lanes else None
+        return self.packed if self.packed is not None and self.packed.dim() == 4 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if (self.packed is not None and not self.copy_in_lanes and x2.shape[0] >= INT4_LANES_PACKED_MIN_ROWS
+        if (self.packed is not None and self.lane_copy is None and x2.shape[0] >= INT4_LANES_PACKED_MIN_ROWS
                 and x2.dtype == torch.bfloat16):
             return linear_packed(x2, self.packed).reshape(*x.shape[:-1], self.out_features)
         y = linear_w4l_bf16(x2, self.lanes, self.params, self.group_size, self.lane_copy)
