@@ -35,9 +35,10 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 def projection_bytes(model) -> dict[str, int]:
-    """Bytes of each projection's tensors summed over the fused layers."""
+    """Bytes a one-row step reads of each projection, summed over the fused layers: the
+    weights and their scales (the first two tensors), not a copy kept for many rows."""
     layers = model.fused_layers or []
-    return {name: sum(t.nbytes for f in layers for t in getattr(f, name)) for name in PROJECTIONS}
+    return {name: sum(t.nbytes for f in layers for t in getattr(f, name)[:2]) for name in PROJECTIONS}
 
 
 def profile_mode(checkpoint, mode: str, prompt_len: int, new_tokens: int) -> dict:

@@ -260,9 +260,20 @@ struct DecodeStack : torch::CustomClassHolder {
     double scale, softcap;
     bool gelu, local_rope;
   };
+  // A step's ends (set_ends, once at load), for step(): the embedding table
+  // and its scale (0: none), the final norm, the rope tables by position
+  // ([positions, rotary_dim / 2]; local: Gemma 3's window layers').
+  struct Ends {
+    at::Tensor embed;
+    double embed_scale;
+    at::Tensor final_norm;
+    double final_eps;
+    at::Tensor cos, sin, local_cos, local_sin;
+  };
   double eps;
   int64_t num_heads, num_kv_heads, head_dim, rotary_dim;
   std::vector<Layer> layers;
+  std::optional<Ends> ends;
 
   DecodeStack(double eps, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t rotary_dim)
       : eps(eps), num_heads(num_heads), num_kv_heads(num_kv_heads), head_dim(head_dim), rotary_dim(rotary_dim) {}
@@ -280,6 +291,34 @@ struct DecodeStack : torch::CustomClassHolder {
   }
 
   int64_t size() const { return static_cast<int64_t>(layers.size()); }
+
+  void set_ends(at::Tensor embed, double embed_scale, at::Tensor final_norm, double final_eps, at::Tensor cos,
+                at::Tensor sin, at::Tensor local_cos, at::Tensor local_sin) {
+    ends = Ends{std::move(embed), embed_scale, std::move(final_norm), final_eps, std::move(cos), std::move(sin),
+                std::move(local_cos), std::move(local_sin)};
+  }
+
+  // A decode-only step from token ids to the final norm's output, as
+  // LlamaModel.forward computes it around run (the same ops, so the same
+  // bits): embedding rows (times the scale rounded to their dtype), the rope
+  // tables' rows at `positions`, the layers, the final norm. One call instead
+  // of four from Python, whose cold cost in a one-row step was ~130 us (a
+  // step streams the weights through the caches, and the interpreter's working
+  // set comes back from DRAM after it).
+  at::Tensor step(const at::Tensor& ids, const at::Tensor& positions, const std::vector<at::Tensor>& kv_caches,
+                  const at::Tensor& slot_mapping, const std::vector<at::Tensor>& block_tables,
+                  const std::vector<at::Tensor>& context_lens, int64_t block_size) const {
+    TORCH_CHECK(ends.has_value(), "DecodeStack.step: set_ends first");
+    const Ends& e = *ends;
+    at::Tensor x = at::embedding(e.embed, ids);
+    if (e.embed_scale != 0) x = x * at::scalar_tensor(e.embed_scale, x.options());
+    const auto at_positions = [&](const at::Tensor& table) { return table.index_select(0, positions).unsqueeze(1); };
+    const at::Tensor cos = at_positions(e.cos), sin = at_positions(e.sin);
+    const bool local = e.local_cos.defined() && e.local_cos.numel() > 0;
+    x = run(x, cos, sin, local ? at_positions(e.local_cos) : cos, local ? at_positions(e.local_sin) : sin, kv_caches,
+            slot_mapping, block_tables, context_lens, block_size);
+    return kiln::rms_norm(x, e.final_norm, e.final_eps);
+  }
 
   // kv_caches: one per layer; (local_cos, local_sin): the tables of layers with local_rope.
   at::Tensor run(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& local_cos,
@@ -410,7 +449,9 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       .def(torch::init<double, int64_t, int64_t, int64_t, int64_t>())
       .def("add_layer", &DecodeStack::add_layer)
       .def("size", &DecodeStack::size)
-      .def("run", &DecodeStack::run);
+      .def("run", &DecodeStack::run)
+      .def("set_ends", &DecodeStack::set_ends)
+      .def("step", &DecodeStack::step);
 }
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("decode_layer", decode_layer);

@@ -173,18 +173,47 @@ def with_extras(
     )
 
 
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepEnds:
+    """What LlamaModel.forward computes around the layers, for a whole step in
+    one call (`DecodeStack.step`): the embedding table and its scale, the final
+    norm, the rope tables by position (`local_rope`: Gemma 3's window layers')."""
+
+    embed: torch.Tensor
+    embed_scale: float | None
+    final_norm: torch.Tensor
+    final_eps: float
+    rope: Rope
+    local_rope: Rope | None
+
+
 class FusedLayers(list[FusedLayer]):
     """LlamaModel.gather_fused_layers' layers; where every one is dense (no MoE
     block, whose routing runs in Python between the kernel's halves), also held
     once in a `kiln.DecodeStack`, so a step is one kernel call, not one per
     layer (whose arguments cost a 1-row step more than its small ops; see
-    docs/benchmarks.md (One call per decode step)). Not to be changed after
+    docs/benchmarks.md (One call per decode step)); with the step's `ends` that
+    call also embeds, ropes and norms (`whole_steps`). Not to be changed after
     construction: the stack holds what the list held then."""
 
-    def __init__(self, layers: list[FusedLayer], arch: ModelArch):
+    def __init__(self, layers: list[FusedLayer], arch: ModelArch, ends: StepEnds | None = None):
         super().__init__(layers)
         self.stack = decode_stack(layers, arch)
         self.max_rows = row_limit(layers)
+        self._ends_set = False
+        if self.stack is not None and ends is not None and ends.final_norm.dtype == ends.embed.dtype:
+            local = ends.local_rope or (torch.empty(0), torch.empty(0))
+            self.stack.set_ends(ends.embed, ends.embed_scale or 0.0, ends.final_norm, ends.final_eps, *ends.rope,
+                                *local)
+            self._ends_set = True
+
+    @property
+    def whole_steps(self) -> bool:
+        """A decode step is one `DecodeStack.step` call, ids to normed hidden states (see `step`)."""
+        return self.stack is not None and self._ends_set
 
 
 def row_limit(layers: list[FusedLayer]) -> int | None:
@@ -236,7 +265,14 @@ def applies(meta: AttentionMetadata, num_tokens: int, max_rows: int | None) -> b
     return not meta.prefills and meta.num_decodes == num_tokens and (max_rows is None or num_tokens <= max_rows)
 
 
-Rope = tuple[torch.Tensor, torch.Tensor]
+def step(layers: FusedLayers, ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+         meta: AttentionMetadata) -> torch.Tensor:
+    """A decode-only step in one call (layers.whole_steps): the final norm's output, bit-identical to
+    LlamaModel.forward's embedding, rope tables, `run` and final norm."""
+    tables, lens = meta.decode_tables()
+    assert layers.stack is not None  # whole_steps
+    return layers.stack.step(ids, positions, kv_caches[: len(layers)], meta.slot_mapping, [tables], [lens],
+                             meta.block_size)
 
 
 def run(

@@ -239,16 +239,23 @@ class LlamaModel(nn.Module):
             x = x * torch.tensor(self.arch.embed_scale, dtype=x.dtype)
         return x
 
+    def layer_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Rope, Rope]:
+        """(embedded rows, rope tables, local rope tables) for the first layer."""
+        rope = self.rotary.tables(positions)
+        local = self.local_rotary.tables(positions) if self.local_rotary is not None else rope
+        return self.embed(input_ids), rope, local
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata
     ) -> torch.Tensor:
         """Returns final hidden states [T, hidden] (normed)."""
-        x = self.embed(input_ids)
-        rope = self.rotary.tables(positions)
-        local = self.local_rotary.tables(positions) if self.local_rotary is not None else rope
         fused = self.fused_layers
-        if fused is not None and fused_decode.applies(meta, x.shape[0], fused.max_rows):
+        if fused is not None and fused_decode.applies(meta, input_ids.shape[0], fused.max_rows):
+            if fused.whole_steps:
+                return fused_decode.step(fused, input_ids, positions, kv_caches, meta)
+            x, rope, local = self.layer_inputs(input_ids, positions)
             return self.norm(fused_decode.run(fused, self.arch, x, rope, kv_caches, meta, local))
+        x, rope, local = self.layer_inputs(input_ids, positions)
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=False):
             x = layer(x, local if layer.self_attn.uses_local_rope else rope, kv_cache, meta)
         return self.norm(x)
@@ -280,7 +287,15 @@ class LlamaModel(nn.Module):
             if extended is None:
                 return None
             layers.append(extended)
-        return fused_decode.FusedLayers(layers, self.arch)
+        return fused_decode.FusedLayers(layers, self.arch, self.step_ends())
+
+    def step_ends(self) -> fused_decode.StepEnds:
+        """What forward computes around the layers, for fused_decode.step (aliases, not copies)."""
+        local = self.local_rotary
+        return fused_decode.StepEnds(
+            self.embed_tokens, self.arch.embed_scale, self.norm.weight, self.norm.eps,
+            (self.rotary.cos, self.rotary.sin), None if local is None else (local.cos, local.sin),
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of `hidden`'s rows."""

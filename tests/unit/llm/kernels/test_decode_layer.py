@@ -164,6 +164,7 @@ def test_a_dense_model_steps_in_one_stack_call_bit_identical_to_per_layer_calls(
     model = model_in(mode, arch)
     layers = model.fused_layers
     assert layers is not None and layers.stack is not None and layers.stack.size() == arch.num_layers
+    assert layers.whole_steps  # embedding, rope tables and final norm in the stack's call too (vs Python's below)
     ids, positions, pool, meta = decode_step(20 if mode.endswith("copy") else 5, model.embed_tokens.dtype)
     per_layer_pool = [p.clone() for p in pool]
     stack = layers.stack
@@ -174,6 +175,26 @@ def test_a_dense_model_steps_in_one_stack_call_bit_identical_to_per_layer_calls(
     layers.stack = stack
     assert torch.equal(stacked, per_layer)
     assert all(torch.equal(a, b) for a, b in zip(pool, per_layer_pool, strict=True))
+
+
+@pytest.mark.parametrize("arch,mode", [(ARCH, "bf16"), (GEMMA2_ARCH, "bf16"), (GEMMA3_ARCH, "fp32")])
+def test_a_whole_step_call_embeds_ropes_and_norms_as_forward_does(arch, mode, monkeypatch):
+    """The stack's ends against LlamaModel's: embedding (Gemma: times its scale rounded to bf16), the
+    rope tables at each row's position (Gemma 3: the local ones too), the final norm; one call a step."""
+    model = model_in(mode, arch)
+    layers = model.fused_layers
+    calls = []
+    step = fused_decode.step
+    monkeypatch.setattr(fused_decode, "step", lambda *a: calls.append(1) or step(*a))
+    ids, positions, pool, meta = decode_step(3, model.embed_tokens.dtype)
+    with torch.inference_mode():
+        whole = model(ids, positions, [p.clone() for p in pool], meta)
+        x, rope, local = model.layer_inputs(ids, positions)
+        tables, lens = meta.decode_tables()
+        expected = model.norm(layers.stack.run(x, *rope, *local, pool, meta.slot_mapping, [tables], [lens],
+                                               meta.block_size))
+    assert calls == [1]
+    assert torch.equal(whole, expected)
 
 
 def test_moe_models_keep_per_layer_calls_and_the_stack_checks_its_pools():
