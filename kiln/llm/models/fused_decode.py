@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -246,7 +247,9 @@ def projection_row_limit(tensors: list[torch.Tensor], group_size: int, dtype: to
     return packed_min_rows(dtype)
 
 
-def decode_stack(layers: list[FusedLayer], arch: ModelArch) -> torch.ScriptObject | None:
+def decode_stack(layers: list[FusedLayer], arch: ModelArch) -> Any:
+    """A kiln.DecodeStack holding the layers, or None where one does not apply (Any: mypy
+    knows none of the TorchScript class's methods)."""
     if not layers or any(f.moe is not None for f in layers):
         return None
     stack = torch.classes.kiln.DecodeStack(
@@ -270,7 +273,6 @@ def step(layers: FusedLayers, ids: torch.Tensor, positions: torch.Tensor, kv_cac
     """A decode-only step in one call (layers.whole_steps): the final norm's output, bit-identical to
     LlamaModel.forward's embedding, rope tables, `run` and final norm."""
     tables, lens = meta.decode_tables()
-    assert layers.stack is not None  # whole_steps
     return layers.stack.step(ids, positions, kv_caches[: len(layers)], meta.slot_mapping, [tables], [lens],
                              meta.block_size)
 
