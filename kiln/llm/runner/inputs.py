@@ -47,6 +47,13 @@ class ModelInputs(Generic[Chunk]):
     # Every chunk with the first row of its tokens (row order), for outputs over whole chunks.
     chunk_rows: list[tuple[Chunk, int]] = field(default_factory=list)
 
+    @property
+    def samples_every_row(self) -> bool:
+        """sample_rows is every row in order (a decode-only step without drafts):
+        the hidden states need no gather. Rows are sampled in increasing order, so
+        as many sample rows as rows means all of them."""
+        return self.sample_rows.shape[0] == self.input_ids.shape[0]
+
 
 def is_decode_like(c: FedChunk) -> bool:
     """A chunk of few generated tokens on cached context (a decode, a

@@ -88,7 +88,7 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
             if not inputs.sample_chunks:
                 return RunnerOutput()
-            logits = self.model.head_logits(hidden[inputs.sample_rows])
+            logits = self.model.head_logits(hidden if inputs.samples_every_row else hidden[inputs.sample_rows])
         return self._sample(logits, inputs.sample_chunks, inputs.has_spec)
 
     def _sample(self, logits: torch.Tensor, chunks: list[ScheduledChunk], has_spec: bool) -> RunnerOutput:

@@ -1,6 +1,7 @@
 """kiln Tokenizer over the SmolLM2 tokenizer (from GGUF and from a HF dir)."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,36 @@ def test_decode_skips_special_tokens(smollm2_tokenizer):
     ids = [1] + smollm2_tokenizer.encode("hi") + [2]
     assert smollm2_tokenizer.decode(ids) == "hi"
     assert smollm2_tokenizer.decode(ids, skip_special_tokens=False) == "<|im_start|>hi<|im_end|>"
+
+
+def test_the_rust_decode_gives_what_transformers_decode_gives(smollm2_tokenizer):
+    """Tokenizer.decode skips transformers' Python layers for a fast tokenizer
+    whose class adds nothing to them; every piece the detokenizer decodes
+    (prefixes that end inside a multi-byte character, special tokens either way,
+    nothing) is what hf.decode gives without space clean-up."""
+    tok = smollm2_tokenizer
+    assert tok._rust_decode is not None
+    ids = [1] + tok.encode("Hello , world ! 😀 日本語 — naïve  café .") + [2, 0]
+    for end in range(len(ids) + 1):
+        for start in (0, 1, end // 2):
+            piece = ids[start:end]
+            for skip in (True, False):
+                expected = tok.hf.decode(piece, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+                assert tok.decode(piece, skip_special_tokens=skip) == expected
+
+
+def test_a_tokenizer_class_with_its_own_decode_keeps_transformers_decode(smollm2_tokenizer):
+    from kiln.llm.tokenizer import rust_decoder
+
+    class Shouting(type(smollm2_tokenizer.hf)):
+        def _decode(self, token_ids, **kwargs):
+            return super()._decode(token_ids, **kwargs).upper()
+
+    hf = copy.copy(smollm2_tokenizer.hf)
+    hf.__class__ = Shouting
+    assert rust_decoder(hf) is None
+    tok = Tokenizer(hf, "shouting")
+    assert tok.decode(tok.encode("hi there")) == "HI THERE"
 
 
 def test_chat_template_from_gguf_metadata(smollm2_tokenizer):

@@ -71,3 +71,17 @@ def test_a_decode_groups_padding_mask_covers_each_rows_context():
     assert mask.shape == (2, 1, 1, 32) and mask.dtype == torch.bool
     assert mask[:, 0, 0].sum(1).tolist() == [5, 20] and mask[0, 0, 0, :5].all() and mask[1, 0, 0, :20].all()
     assert group.mask is mask
+
+
+def test_a_step_sampling_every_row_in_order_needs_no_gather():
+    """The runner hands the head the hidden states as they are when every row is
+    sampled in order (decodes, verifications), else their sample rows."""
+    decode = ScheduledChunk(request(40, 1), 40, 1, [0, 1, 2])
+    verify = ScheduledChunk(request(40, 3), 42, 3, [3, 4, 5], draft_token_ids=[7, 8])
+    every = build_inputs([decode, verify], 16, CPU)
+    assert every.samples_every_row and every.sample_rows.tolist() == [0, 1, 2, 3]
+    prompt = ScheduledChunk(request(20, 0), 0, 20, [6, 7])  # a whole prompt: its last row only
+    partial = build_inputs([decode, prompt], 16, CPU)
+    assert not partial.samples_every_row and partial.sample_rows.tolist() == [0, 20]
+    unsampled = ScheduledChunk(request(40, 0), 0, 16, [8])  # a prompt's first chunk: not sampled
+    assert not unsampled.sample and not build_inputs([decode, unsampled], 16, CPU).samples_every_row
