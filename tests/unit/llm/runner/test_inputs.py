@@ -1,4 +1,5 @@
 """build_inputs: which rows are attended with the decodes and which as prefills."""
+import pytest
 import torch
 
 from kiln.llm.parallel.plan import PlanChunk
@@ -85,3 +86,13 @@ def test_a_step_sampling_every_row_in_order_needs_no_gather():
     assert not partial.samples_every_row and partial.sample_rows.tolist() == [0, 20]
     unsampled = ScheduledChunk(request(40, 0), 0, 16, [8])  # a prompt's first chunk: not sampled
     assert not unsampled.sample and not build_inputs([decode, unsampled], 16, CPU).samples_every_row
+
+
+def test_long_tensors_are_what_torch_tensor_makes():
+    from kiln.llm.runner.inputs import long_tensor
+
+    for values in ([], [7], [0, 5, 2**40, -3], [[1, 2], [3, 4], [5, 6]], [[]]):
+        made, expected = long_tensor(values, CPU), torch.tensor(values, dtype=torch.long)
+        assert made.dtype == torch.long and made.shape == expected.shape and torch.equal(made, expected)
+    with pytest.raises(ValueError):
+        long_tensor([[1, 2], [3], [4, 5, 6]], CPU)  # ragged, though 6 values would fill 3 x 2
