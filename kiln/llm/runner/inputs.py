@@ -50,7 +50,7 @@ class ModelInputs(Generic[Chunk]):
 
     @property
     def samples_every_row(self) -> bool:
-        """sample_rows is every row in order (a decode-only step without drafts):
+        """sample_rows is every row in order (a step of decodes and verifications):
         the hidden states need no gather. Rows are sampled in increasing order, so
         as many sample rows as rows means all of them."""
         return self.sample_rows.shape[0] == self.input_ids.shape[0]
