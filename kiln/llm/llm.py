@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -127,7 +127,7 @@ class LLM:
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:
-    if isinstance(prompts, str):
+    if isinstance(prompts, str | Mapping):  # one prompt (a dict is one prompt, not its keys)
         return [prompts]
     if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
         return [prompts]

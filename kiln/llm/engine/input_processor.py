@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 
 from kiln.errors import InvalidRequestError, PromptTooLongError
 from kiln.llm.engine.messages import EngineCoreRequest
 from kiln.llm.sampling_params import SamplingParams, is_text
 from kiln.llm.tokenizer import Tokenizer
 
-Prompt = str | list[int]
+# Text, token ids, or vLLM's dict forms of either: {"prompt": text} / {"prompt_token_ids": ids}.
+Prompt = str | list[int] | Mapping[str, str | list[int]]
+PROMPT_KEYS = ("prompt", "prompt_token_ids")
 PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
 
 
@@ -23,12 +26,18 @@ class InputProcessor:
         self.eos_token_ids = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *model_eos_ids)))
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, Mapping):
+            prompt = unwrap_prompt_dict(prompt)
         if isinstance(prompt, str):
             if prompt == "":
                 raise InvalidRequestError("prompt must not be empty", param="prompt")
             if not is_text(prompt):
                 raise InvalidRequestError("prompt is not valid UTF-8 text (it holds a lone surrogate)", param="prompt")
             return prompt, self.tokenizer.encode(prompt)
+        if not isinstance(prompt, Sequence) or isinstance(prompt, bytes | bytearray):
+            raise InvalidRequestError(
+                "a prompt is text, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
+                f"got {type(prompt).__name__}", param="prompt")
         ids = list(prompt)
         if not ids:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
@@ -78,3 +87,20 @@ class InputProcessor:
                 f"context length of {self.max_model_len} tokens",
                 param="max_tokens",
             )
+
+
+def unwrap_prompt_dict(prompt: Mapping) -> str | list[int]:
+    """vLLM's TextPrompt / TokensPrompt: exactly one of "prompt" (text) and "prompt_token_ids"."""
+    unknown = sorted(str(key) for key in prompt if key not in PROMPT_KEYS)
+    present = [key for key in PROMPT_KEYS if key in prompt]
+    if unknown or len(present) != 1:
+        problem = f"unsupported keys {unknown}" if unknown else f"{len(present)} of them"
+        raise InvalidRequestError(f"a prompt dict holds one of 'prompt' or 'prompt_token_ids'; got {problem}",
+                                  param="prompt")
+    value = prompt[present[0]]
+    if present[0] == "prompt" and not isinstance(value, str):
+        raise InvalidRequestError(f"'prompt' must be text; got {type(value).__name__}", param="prompt")
+    if present[0] == "prompt_token_ids" and isinstance(value, str | Mapping):
+        raise InvalidRequestError(f"'prompt_token_ids' must be a list of token ids; got {type(value).__name__}",
+                                  param="prompt")
+    return value

@@ -89,6 +89,36 @@ def test_abort_frees_blocks_at_once(llm):
     assert engine.step() == []
 
 
+def test_vllm_prompt_dicts_are_their_text_or_token_ids(llm):
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    ids = llm.engine.inputs.tokenizer.encode("Hello there")
+    by_text, by_ids, one = llm.generate(["Hello there", [*ids], {"prompt": "Hello there"}], greedy)
+    as_dicts = llm.generate([{"prompt": "Hello there"}, {"prompt_token_ids": ids}], greedy)
+    single = llm.generate({"prompt_token_ids": ids}, greedy)  # one dict is one prompt, not its keys
+    expected = by_text.outputs[0].token_ids
+    assert by_ids.outputs[0].token_ids == one.outputs[0].token_ids == expected
+    assert [o.outputs[0].token_ids for o in as_dicts + single] == [expected] * 3
+    assert as_dicts[0].prompt == "Hello there" and single[0].prompt_token_ids == ids
+    assert idle(llm)
+
+
+@pytest.mark.parametrize("prompt,message", [
+    ({"prompt": "hi", "prompt_token_ids": [1]}, "2 of them"),
+    ({}, "0 of them"),
+    ({"prompt": "hi", "multi_modal_data": {}}, r"unsupported keys \['multi_modal_data'\]"),
+    ({"prompt": [1, 2]}, "'prompt' must be text; got list"),
+    ({"prompt_token_ids": "1 2"}, "'prompt_token_ids' must be a list of token ids; got str"),
+    ({"prompt_token_ids": []}, "empty"),
+    (b"hi", "got bytes"),
+    (3.5, "got float"),  # ([7] is the one-token prompt 7)
+    (None, "got NoneType"),
+])
+def test_a_malformed_prompt_is_rejected_by_name(llm, prompt, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        llm.generate([prompt], SamplingParams(max_tokens=2))
+    assert idle(llm)
+
+
 def test_bad_requests_are_rejected_before_the_engine(llm):
     with pytest.raises(PromptTooLongError, match="256"):
         llm.generate(["word " * 400], SamplingParams(max_tokens=4))
