@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from kiln.errors import InvalidRequestError, PromptTooLongError
 from kiln.llm.engine.messages import EngineCoreRequest
@@ -46,7 +47,7 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"prompt token ids must be in [0, {self.vocab_size}); got {bad[:3]}", param="prompt"
             )
-        return None, ids
+        return None, cast(list[int], ids)  # every one checked an int above
 
     def process(
         self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0, pooling: str | None = None
