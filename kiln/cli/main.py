@@ -87,12 +87,10 @@ def given(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 
 def generate_options(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
-    """`kiln generate`'s engine options: the flags given, the defaults its --help
-    shows for the rest (`LLM` alone would take its larger offline step budget),
-    and no KV pool warming unless asked: one prompt writes a few blocks, and
-    `LLM` would fault the whole pool in before the first token."""
-    defaults = {"max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens, "warm_kv_pool": False}
-    return {**defaults, **given(args, names)}
+    """`kiln generate`'s engine options: the flags given, and no KV pool
+    warming unless asked: one prompt writes a few blocks, and `LLM` would
+    fault the whole pool in before the first token."""
+    return {"warm_kv_pool": False, **given(args, names)}
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,14 +17,6 @@ from kiln.llm.models.checkpoint import Checkpoint
 from kiln.llm.outputs import RequestOutput
 from kiln.llm.sampling_params import SamplingParams
 
-# An offline batch has no one waiting on its next token, so a step may take
-# more prompt tokens than a server's (1024, which bounds the decode stall a
-# prefill causes): SmolLM2's 64-request offline run on a 2-vCPU Zen 4 was
-# faster at 2048 than at 1024 in six of seven alternated pairs (median 3%),
-# 4096 no faster (docs/benchmarks.md, "The offline step budget"). vLLM makes
-# the same split (CPU: 4096 offline, 2048 serving).
-OFFLINE_MAX_NUM_BATCHED_TOKENS = 2048
-
 log = logging.getLogger(__name__)
 
 
@@ -32,17 +25,21 @@ class LLM:
 
     Options are the flat names of EngineConfig fields (dtype, device,
     block_size, kv_cache_memory_gib, max_num_batched_tokens, ...), with
-    their defaults but max_num_batched_tokens: OFFLINE_MAX_NUM_BATCHED_TOKENS.
+    EngineConfig's defaults.
     With warm_kv_pool (the default) a CPU KV pool is faulted in before the
     constructor returns (`_fault_in_kv_pool`).
     """
 
-    def __init__(self, model: str | None = None, checkpoint: Checkpoint | None = None, **options: Any):
-        """`checkpoint`: `model` already loaded (`load_checkpoint`), so several
-        engines share one read of the files; `model` defaults to its source."""
+    def __init__(
+        self, model: str | os.PathLike[str] | None = None, checkpoint: Checkpoint | None = None, **options: Any
+    ):
+        """`model`: a checkpoint path, str or os.PathLike (None: `checkpoint`'s
+        source, else the installed SmolLM2). `checkpoint`: `model` already
+        loaded (`load_checkpoint`), so several engines share one read of the files."""
         if model is None and checkpoint is not None:
             model = checkpoint.source
-        options.setdefault("max_num_batched_tokens", OFFLINE_MAX_NUM_BATCHED_TOKENS)
+        if isinstance(model, os.PathLike):
+            model = os.fspath(model)
         self.config = EngineConfig.from_flat(model=model, **options)
         self.engine = LLMEngine(self.config, checkpoint)
         self.tokenizer = self.engine.tokenizer

@@ -142,13 +142,20 @@ def test_config_and_load_errors(tmp_path):
         LLM(str(tmp_path))
 
 
-def test_offline_step_budget_default_and_override(llm, tiny_llama_dir):
-    from kiln.config import SchedulerConfig
-    from kiln.llm.llm import OFFLINE_MAX_NUM_BATCHED_TOKENS
+def test_a_path_object_names_the_model_as_its_text_does(llm, tiny_llama_dir):
+    by_path = LLM(tiny_llama_dir, kv_cache_memory_gib=0.02, max_model_len=256)
+    assert by_path.config.model.model == str(tiny_llama_dir)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in by_path.generate(PROMPTS, params)] == [
+        o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)
+    ]
 
-    # An offline batch takes larger steps than a server's default; a value the caller gives wins.
-    assert llm.config.scheduler.max_num_batched_tokens == OFFLINE_MAX_NUM_BATCHED_TOKENS
-    assert SchedulerConfig().max_num_batched_tokens < OFFLINE_MAX_NUM_BATCHED_TOKENS
+
+def test_step_budget_default_and_override(llm, tiny_llama_dir):
+    from kiln.config import SchedulerConfig
+
+    # The offline LLM takes the server's default step budget; a value the caller gives wins.
+    assert llm.config.scheduler.max_num_batched_tokens == SchedulerConfig().max_num_batched_tokens == 2048
     small = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.02, max_model_len=256, max_num_batched_tokens=16)
     assert small.config.scheduler.max_num_batched_tokens == 16
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from kiln.cli.main import ENGINE_SECTIONS, build_parser, generate_options, given
-from kiln.config import EngineConfig, SchedulerConfig, ServerConfig
+from kiln.config import EngineConfig, ServerConfig
 
 
 def test_every_engine_and_server_field_is_a_flag():
@@ -48,13 +48,10 @@ def test_generate_and_bench_parse():
     parser, _ = build_parser()
     args = parser.parse_args(["generate", "--prompt", "Hi", "--chat", "--max-tokens", "5"])
     assert (args.prompt, args.chat, args.max_tokens, args.model) == ("Hi", True, 5, None)
-    # generate runs the step budget its --help shows (the server's), not the offline LLM's,
-    # and faults its KV pool in only when asked (the offline LLM does by default).
+    # generate faults its KV pool in only when asked (the offline LLM does by default).
     parser, names = build_parser()
     args = parser.parse_args(["generate", "--prompt", "Hi"])
-    assert generate_options(args, names["engine"]) == {
-        "max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens, "warm_kv_pool": False
-    }
+    assert generate_options(args, names["engine"]) == {"warm_kv_pool": False}
     args = parser.parse_args(["generate", "--prompt", "Hi", "--max-num-batched-tokens", "64", "--block-size", "32",
                               "--warm-kv-pool"])
     assert generate_options(args, names["engine"]) == {
