@@ -102,7 +102,22 @@ def decide_max_model_len(checkpoint: Checkpoint, config: EngineConfig) -> int:
         raise ConfigError(
             f"max_model_len {wanted} exceeds the model's context length {native}", param="max_model_len"
         )
-    return wanted
+    budget = config.scheduler.max_num_batched_tokens
+    if config.scheduler.enable_chunked_prefill or wanted <= budget:
+        return wanted
+    # Without chunked prefill a request's tokens (its prompt, or prompt and output
+    # when a preempted request is recomputed) go through in one step, so a longer
+    # one would wait in the queue forever, and every request behind it too.
+    if config.model.max_model_len is not None:
+        raise ConfigError(
+            f"max_model_len {wanted} exceeds max_num_batched_tokens {budget} with enable_chunked_prefill off: "
+            "a longer request could never be scheduled; raise max_num_batched_tokens, lower max_model_len, "
+            "or keep chunked prefill on",
+            param="max_model_len",
+        )
+    log.info("enable_chunked_prefill off: max_model_len %d (max_num_batched_tokens), not the model's %d",
+             budget, native)
+    return budget
 
 
 def decide_num_blocks(

@@ -151,6 +151,23 @@ def test_a_path_object_names_the_model_as_its_text_does(llm, tiny_llama_dir):
     ]
 
 
+def test_without_chunked_prefill_a_request_fits_one_step(tiny_llama_dir):
+    # Unchunked, a prompt longer than the step budget could never be scheduled (it
+    # hung the engine, and every request queued behind it): the context is capped
+    # to the budget, so such a prompt is refused up front; an explicit longer
+    # max_model_len is a configuration error.
+    llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.02, enable_chunked_prefill=False, max_num_batched_tokens=32)
+    assert llm.engine.max_model_len == 32
+    with pytest.raises(PromptTooLongError):
+        llm.generate([list(range(100, 140))], SamplingParams(max_tokens=4))
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    assert [len(o.outputs[0].token_ids) for o in llm.generate([list(range(100, 120))] * 3, params)] == [8, 8, 8]
+    assert idle(llm)
+    with pytest.raises(ConfigError, match="max_model_len 256 exceeds max_num_batched_tokens 32"):
+        LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.02, enable_chunked_prefill=False, max_num_batched_tokens=32,
+            max_model_len=256)
+
+
 def test_step_budget_default_and_override(llm, tiny_llama_dir):
     from kiln.config import SchedulerConfig
 
