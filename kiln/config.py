@@ -167,9 +167,9 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 @dataclass(frozen=True)
 class SchedulerConfig:
     # 2048, vLLM-CPU's serving default: against 1024 on a 2-vCPU Zen 4, SmolLM2's
-    # serving runs had the lower TTFT p99 in five of six alternated pairs at 6
-    # req/s and three of three at 4, TPOT no worse; offline runs were faster in
-    # six of seven pairs (docs/benchmarks.md, "The step budget").
+    # serving runs had the lower TTFT p99 in nine of twelve alternated pairs at 4
+    # and 6 req/s, TPOT no worse; offline runs were faster in six of seven pairs
+    # (docs/benchmarks.md, "The step budget: 2048 for `kiln serve` too").
     max_num_batched_tokens: int = option(2048, "token budget of one engine step (prefill chunks + decodes)")
     max_num_seqs: int = option(128, "most requests running at once")
     enable_chunked_prefill: bool = option(True, "split long prompts over several steps")
