@@ -8,6 +8,7 @@ derives every flag, its help and its choices from that metadata.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -333,6 +334,7 @@ class EngineConfig:
         for key, value in options.items():
             if key not in owners:
                 raise ConfigError(f"unknown engine option {key!r}", param=key)
+            value = path_as_text(sections[owners[key]], key, value)
             check_type(sections[owners[key]], key, value)
             grouped[owners[key]][key] = value
         return cls(**{name: sections[name](**kw) for name, kw in grouped.items()})
@@ -341,10 +343,22 @@ class EngineConfig:
 _SCALARS = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
 
 
+def _kinds(cls: type, name: str) -> list[str]:
+    annotation = {f.name: f.type for f in dataclasses.fields(cls)}[name]
+    return [k.strip() for k in str(annotation).split("|")]
+
+
+def path_as_text(cls: type, name: str, value: Any) -> Any:
+    """A `pathlib.Path` (any os.PathLike) given for a text field (model,
+    draft_model, ...) as its text; any other value as it is."""
+    if isinstance(value, os.PathLike) and "str" in _kinds(cls, name):
+        return os.fspath(value)
+    return value
+
+
 def check_type(cls: type, name: str, value: Any) -> None:
     """ConfigError unless `value` fits field `name` of `cls` (annotations like 'int | None')."""
-    annotation = {f.name: f.type for f in dataclasses.fields(cls)}[name]
-    kinds = [k.strip() for k in str(annotation).split("|")]
+    kinds = _kinds(cls, name)
     if value is None and "None" in kinds:
         return
     allowed = tuple(t for k in kinds for t in _SCALARS.get(k, ()))

@@ -33,13 +33,12 @@ class LLM:
     def __init__(
         self, model: str | os.PathLike[str] | None = None, checkpoint: Checkpoint | None = None, **options: Any
     ):
-        """`model`: a checkpoint path, str or os.PathLike (None: `checkpoint`'s
+        """`model`: a checkpoint path, str or os.PathLike, as every path option
+        (`draft_model=Path(...)`) may be (None: `checkpoint`'s
         source, else the installed SmolLM2). `checkpoint`: `model` already
         loaded (`load_checkpoint`), so several engines share one read of the files."""
         if model is None and checkpoint is not None:
             model = checkpoint.source
-        if isinstance(model, os.PathLike):
-            model = os.fspath(model)
         self.config = EngineConfig.from_flat(model=model, **options)
         self.engine = LLMEngine(self.config, checkpoint)
         self.tokenizer = self.engine.tokenizer
