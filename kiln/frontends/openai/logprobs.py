@@ -5,6 +5,14 @@ from __future__ import annotations
 from kiln.llm.outputs import TokenLogprob
 from kiln.llm.tokenizer import Tokenizer
 
+# JSON has no -inf: a token a grammar or a bias forbids (logprob -inf) is
+# reported at this floor, as vLLM reports it.
+LOGPROB_FLOOR = -9999.0
+
+
+def json_logprob(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
+
 
 class TokenTexts:
     """The text of single tokens (special tokens included), cached."""
@@ -29,9 +37,9 @@ def completion_logprobs(entries: list[TokenLogprob], texts: TokenTexts, offset: 
     for e in entries:
         text = texts(e.token_id)
         tokens.append(text)
-        token_logprobs.append(e.logprob)
-        alternatives = {texts(tid): lp for tid, lp in e.top}
-        alternatives.setdefault(text, e.logprob)
+        token_logprobs.append(json_logprob(e.logprob))
+        alternatives = {texts(tid): json_logprob(lp) for tid, lp in e.top}
+        alternatives.setdefault(text, json_logprob(e.logprob))
         top.append(alternatives)
         offsets.append(offset)
         offset += len(text)
@@ -43,7 +51,7 @@ def chat_logprobs(entries: list[TokenLogprob], texts: TokenTexts) -> dict:
 
     def item(token_id: int, logprob: float) -> dict:
         text = texts(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": json_logprob(logprob), "bytes": list(text.encode("utf-8"))}
 
     return {
         "content": [
@@ -60,9 +68,11 @@ def prompt_logprobs_body(entries: list[TokenLogprob | None], texts: TokenTexts) 
         if e is None:
             body.append(None)
             continue
-        position = {str(tid): {"logprob": lp, "rank": i + 1, "decoded_token": texts(tid)} for i, (tid, lp) in
-                    enumerate(e.top)}
-        position[str(e.token_id)] = {"logprob": e.logprob, "rank": e.rank, "decoded_token": texts(e.token_id)}
+        def entry(token_id: int, logprob: float, rank: int) -> dict:
+            return {"logprob": json_logprob(logprob), "rank": rank, "decoded_token": texts(token_id)}
+
+        position = {str(tid): entry(tid, lp, i + 1) for i, (tid, lp) in enumerate(e.top)}
+        position[str(e.token_id)] = entry(e.token_id, e.logprob, e.rank)
         body.append(position)
     return body
 

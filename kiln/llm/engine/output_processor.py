@@ -30,6 +30,7 @@ class RequestState:
     stop_reason: str | int | None = None
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] | None = None  # positions 1.. of the prompt, as they come
+    stop_floor: int = 0  # a stop string must end after this many characters (those before min_tokens)
 
 
 class OutputProcessor:
@@ -74,7 +75,10 @@ class OutputProcessor:
             if out.finish_reason is not None:
                 state.finish_reason = out.finish_reason
                 state.stop_reason = out.stop_token_id
-            elif self._check_stop_strings(state):
+            # A stop string in the last tokens wins over the core's finish (length,
+            # a stop token after it), as in vLLM: the text ends before the string.
+            stopped_here = out.finish_reason in (None, "length", "stop") and self._check_stop_strings(state)
+            if stopped_here and out.finish_reason is None:
                 to_abort.append(out.request_id)
             result = self._make_output(state, new_ids, out.new_logprobs)
             result.embedding = out.embedding
@@ -87,11 +91,16 @@ class OutputProcessor:
         stops = state.params.stop
         if not stops:
             return False
+        if len(state.token_ids) < state.params.min_tokens:
+            # Below min_tokens no stop string counts (as no stop token does), nor
+            # later does one that ended in this text.
+            state.stop_floor = len(state.text)
+            return False
         # Only text near the end can contain a stop string that is new.
         window_start = max(0, state.sent_chars - max(len(s) for s in stops))
         best = None
         for stop in stops:
-            at = state.text.find(stop, window_start)
+            at = state.text.find(stop, max(window_start, state.stop_floor - len(stop) + 1))
             if at >= 0 and (best is None or at < best[0]):
                 best = (at, stop)
         if best is None:

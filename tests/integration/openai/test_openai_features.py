@@ -154,3 +154,22 @@ def test_cache_salt_keeps_one_tenants_prefix_cache_from_another(client):
     assert first == again == other  # isolation changes what is cached, never the answer
     with pytest.raises(openai.BadRequestError, match="cache_salt"):
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body={"cache_salt": ""})
+
+
+def test_logprobs_of_tokens_a_grammar_forbids_are_numbers(client):
+    # Two tokens allowed, five alternatives asked: three come back at -inf in the
+    # engine, which JSON cannot carry (it was a 500, and null when streamed).
+    kwargs = dict(model=MODEL, prompt="Is water wet? Answer:", max_tokens=2, temperature=0, logprobs=5,
+                  extra_body={"guided_choice": ["yes", "no"]})
+    whole = client.completions.create(**kwargs)
+    streamed = [c for chunk in client.completions.create(stream=True, **kwargs) for c in chunk.choices]
+    for logprobs in [whole.choices[0].logprobs] + [c.logprobs for c in streamed if c.logprobs]:
+        values = [v for top in logprobs.top_logprobs for v in top.values()] + logprobs.token_logprobs
+        assert all(isinstance(v, float) and -9999.0 <= v <= 0 for v in values), values
+    assert -9999.0 in [v for top in whole.choices[0].logprobs.top_logprobs for v in top.values()]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=ask("Is water wet?"), max_tokens=3, temperature=0, logprobs=True, top_logprobs=5,
+        response_format={"type": "json_schema", "json_schema": {"name": "v", "schema": {"enum": ["yes", "no"]}}},
+    )
+    tops = [alt.logprob for item in chat.choices[0].logprobs.content for alt in item.top_logprobs]
+    assert -9999.0 in tops and all(-9999.0 <= v <= 0 for v in tops)

@@ -85,6 +85,37 @@ def test_a_stop_token_is_reported_but_not_printed():
     assert (last.outputs[0].stop_reason, last.outputs[0].token_ids) == (EOS, [1, EOS])
 
 
+def test_a_stop_string_in_the_last_tokens_wins_over_the_length_finish():
+    # The core ends the request at max_tokens with "D yy": the text still ends
+    # before "END", finished by it, and nothing is left to abort.
+    pieces = [*STOP_STRING_PIECES[:2], EngineCoreOutput("r", [10], finish_reason="length")]
+    _, last, aborts = feed(processor(stop=["END"]), *pieces)
+    assert (last.outputs[0].text, last.outputs[0].finish_reason, last.outputs[0].stop_reason) == ("xx ", "stop", "END")
+    assert aborts == [[], [], []]
+    # and over a stop token in the same step (a draft's accepted tokens come several at a time)
+    _, last, _ = feed(processor(stop=["END"]), EngineCoreOutput("r", [8, 9, 10, EOS], finish_reason="stop",
+                                                                 stop_token_id=EOS))
+    assert (last.outputs[0].text, last.outputs[0].stop_reason) == ("xx ", "END")
+
+
+def test_min_tokens_holds_off_stop_strings_as_it_holds_off_stop_tokens():
+    # "END" is complete at the third token; with min_tokens 4 it does not count,
+    # and an "END" ended before the fourth token never counts later either.
+    pieces = [*STOP_STRING_PIECES, EngineCoreOutput("r", [1]), EngineCoreOutput("r", [2], finish_reason="length")]
+    deltas, last, aborts = feed(processor(stop=["END"], min_tokens=4), *pieces)
+    assert last.outputs[0].text == "xx END yyHello" and last.outputs[0].finish_reason == "length"
+    assert "".join(deltas) == last.outputs[0].text and aborts == [[]] * 5
+    # "D yy" ends the third token's text, so it is still held back at the fourth: not a stop either
+    _, last, _ = feed(processor(stop=["D yy"], min_tokens=4), *pieces)
+    assert last.outputs[0].text == "xx END yyHello" and last.outputs[0].finish_reason == "length"
+    # a stop string that ends at or after min_tokens still ends the request
+    _, last, aborts = feed(processor(stop=["END"], min_tokens=3), *STOP_STRING_PIECES)
+    assert (last.outputs[0].text, last.outputs[0].stop_reason, aborts[-1]) == ("xx ", "END", ["r"])
+    # one that begins before min_tokens and ends after it counts too (vLLM looks back a stop's length)
+    _, last, _ = feed(processor(stop=["yyHe"], min_tokens=4), *pieces)
+    assert (last.outputs[0].text, last.outputs[0].stop_reason) == ("xx END ", "yyHe")
+
+
 def test_logprobs_pass_through_and_accumulate():
     first = [TokenLogprob(1, -0.25, [(1, -0.25), (2, -2.0)])]
     second = [TokenLogprob(2, -1.0, [(2, -1.0), (3, -1.5)])]
