@@ -93,6 +93,7 @@ def check_enforceable(schema: Any, param: str, where: str = "") -> None:
         raise InvalidRequestError(
             f"{param}: 'allOf' with more than one schema at {here} is not enforced by Kiln's grammar engine "
             "(xgrammar); merge the schemas into one", param=param)
+    check_required_declared(schema, param, here)
     for key in _SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):
             for name, sub in schema[key].items():
@@ -105,6 +106,21 @@ def check_enforceable(schema: Any, param: str, where: str = "") -> None:
         value = schema.get(key)
         for i, sub in enumerate(value if isinstance(value, list) else [value]):  # items: a list in old drafts
             check_enforceable(sub, param, f"{where}/{key}" + (f"/{i}" if isinstance(value, list) else ""))
+
+
+def check_required_declared(schema: dict, param: str, here: str) -> None:
+    """xgrammar enforces `required` only for names its `properties` declare: an
+    undeclared one would let the output leave it out (or, with
+    additionalProperties false, could never be met)."""
+    required, declared = schema.get("required"), schema.get("properties")
+    if not isinstance(required, list):
+        return
+    missing = [name for name in required if not (isinstance(declared, dict) and name in declared)]
+    if missing:
+        raise InvalidRequestError(
+            f"{param}: the JSON schema at {here} requires {missing[0]!r}, which its 'properties' do not declare; "
+            f"Kiln's grammar engine (xgrammar) would not enforce it: declare it in 'properties' "
+            "({} allows any value)", param=param)
 
 
 def _problem(error: Exception) -> str:

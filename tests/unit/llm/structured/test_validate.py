@@ -44,3 +44,19 @@ def test_a_keyword_the_engine_would_drop_is_refused_by_name(schema, named):
 ])
 def test_keywords_it_enforces_or_mere_names_pass(schema):
     check_spec(spec(schema), "response_format")
+
+
+@pytest.mark.parametrize(("schema", "named"), [
+    ({"type": "object", "required": ["a"]}, "at (root) requires 'a'"),
+    ({"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b", "a"],
+      "additionalProperties": False}, "at (root) requires 'a'"),
+    ({"type": "object", "patternProperties": {"^a": {}}, "required": ["a"]}, "at (root) requires 'a'"),
+    ({"type": "array", "items": {"type": "object", "properties": {}, "required": ["x"]}}, "at /items requires 'x'"),
+])
+def test_a_required_name_its_properties_do_not_declare_is_refused(schema, named):
+    # xgrammar leaves such a name out of the output ('{}' passes its grammar), so the
+    # 200 would break the schema; declared (even as {}), it is enforced.
+    with pytest.raises(InvalidRequestError, match="declare it in 'properties'") as caught:
+        check_spec(spec(schema), "response_format")
+    assert named in str(caught.value)
+    check_spec(spec({"type": "object", "properties": {"a": {}}, "required": ["a"]}), "response_format")
