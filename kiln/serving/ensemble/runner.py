@@ -22,6 +22,7 @@ class EnsembleRunner:
         self.config = config
         self.depends = depends
         self.infer = infer
+        self.shared = shared_tensors(config)
 
     async def run(self, request: InferRequest) -> dict[str, np.ndarray]:
         tensors: dict[str, np.ndarray] = dict(request.inputs)
@@ -30,7 +31,10 @@ class EnsembleRunner:
         async def step_task(index: int, step: EnsembleStep) -> None:
             for dep in self.depends[index]:
                 await done[dep].wait()
-            inputs = {name: tensors[tensor] for name, tensor in step.input_map.items() if tensor in tensors}
+            # A model may write into its inputs (`x *= 2`, torch's `mul_`): a tensor
+            # another step or the response also reads goes to it as its own copy.
+            inputs = {name: tensors[tensor].copy() if tensor in self.shared else tensors[tensor]
+                      for name, tensor in step.input_map.items() if tensor in tensors}
             member = InferRequest(
                 model_name=step.model,
                 model_version=str(step.version) if step.version else "",
@@ -50,6 +54,14 @@ class EnsembleRunner:
             for task in tasks:
                 task.cancel()
         return {spec.name: tensors[spec.name] for spec in self.config.outputs}
+
+
+def shared_tensors(config: RepositoryModelConfig) -> frozenset[str]:
+    """Tensors read more than once: by two steps, or by a step and the response."""
+    readers: dict[str, int] = {}
+    for tensor in [t for step in config.steps for t in step.input_map.values()] + [o.name for o in config.outputs]:
+        readers[tensor] = readers.get(tensor, 0) + 1
+    return frozenset(tensor for tensor, count in readers.items() if count > 1)
 
 
 async def _gather_or_fail(tasks: list[asyncio.Task]) -> None:

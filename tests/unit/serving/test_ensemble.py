@@ -8,7 +8,7 @@ from kiln.serving.ensemble.dag import validate_ensemble
 from kiln.serving.repository.config import parse_config
 from kiln.serving.types import InferRequest
 from tests.unit.dataplane.planes import repository_plane
-from tests.unit.serving.models import basic_repository, write_model
+from tests.unit.serving.models import basic_repository, doubler_config, write_model
 
 T = {"datatype": "FP32", "dims": [-1]}
 MEMBERS = {
@@ -99,3 +99,45 @@ def test_loading_an_ensemble_loads_its_members(tmp_path):
         await plane.shutdown()
         return ready
     assert asyncio.run(main()) == (True, True, False)
+
+
+INPLACE_PY = '''
+class Inplace:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = r.inputs["IN"]
+            x *= 2  # writes into the array it was given
+            out.append({"OUT": x})
+        return out
+'''
+
+
+def test_a_step_that_writes_into_its_input_changes_no_other_reader(tmp_path):
+    # SUM is a response tensor and the in-place step's input; A goes to add_sub and
+    # to a second in-place step. Each reader must see the values as produced.
+    basic_repository(tmp_path)
+    write_model(tmp_path, "inplace", doubler_config(), {1: {"model.py": INPLACE_PY}})
+    four = {"datatype": "FP32", "dims": [4]}
+    write_model(tmp_path, "shared", {
+        "backend": "ensemble",
+        "max_batch_size": 8,
+        "inputs": [{"name": "A", **four}, {"name": "B", **four}],
+        "outputs": [{"name": n, **four} for n in ("SUM", "TWICE_SUM", "TWICE_A")],
+        "steps": [
+            {"model": "add_sub", "input_map": {"INPUT0": "A", "INPUT1": "B"}, "output_map": {"OUTPUT0": "SUM"}},
+            {"model": "inplace", "input_map": {"IN": "SUM"}, "output_map": {"OUT": "TWICE_SUM"}},
+            {"model": "inplace", "input_map": {"IN": "A"}, "output_map": {"OUT": "TWICE_A"}},
+        ],
+    })
+
+    async def main():
+        plane = repository_plane(tmp_path)
+        assert await plane.start() == {}
+        a, b = np.array([[1, 2, 3, 4]], np.float32), np.zeros((1, 4), np.float32)
+        result = await plane.infer(InferRequest("shared", {"A": a.copy(), "B": b}))
+        await plane.shutdown()
+        return a, result.outputs
+    a, outputs = asyncio.run(main())
+    assert np.array_equal(outputs["SUM"], a) and np.array_equal(outputs["TWICE_SUM"], a * 2)
+    assert np.array_equal(outputs["TWICE_A"], a * 2)
