@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -229,8 +230,9 @@ class ModelManager:
         if name in _chain:
             raise ModelLoadError(f"ensembles {list(_chain)} include each other")
         check_model_name(name)
-        known = name in self._entries or name in self._in_memory
-        if not known and (self.repository is None or not (self.repository / name).is_dir()):
+        # Looked up on disk even for a model loaded before: its directory may have gone since.
+        on_disk = self.repository is not None and (self.repository / name).is_dir()
+        if name not in self._in_memory and not on_disk:
             raise ModelNotFoundError(f"model '{name}' is not in the model repository")
         entry = self.entry(name)
         async with entry.lock:
@@ -240,7 +242,11 @@ class ModelManager:
             try:
                 source = self._read(name, override)
                 new = await self._build(source, _chain + (name,))
-            except Exception as exc:  # noqa: BLE001 - any backend's failure stays this model's
+            except (KeyboardInterrupt, asyncio.CancelledError, GeneratorExit):
+                if not was_ready:  # never left LOADING, which would hold the server not ready
+                    entry.state, entry.reason = UNAVAILABLE, f"loading '{name}' was interrupted"
+                raise
+            except BaseException as exc:  # noqa: BLE001 - any backend's failure (a model's SystemExit too) stays its own
                 detail = exc.message if isinstance(exc, KilnError) else f"{type(exc).__name__}: {exc}"
                 message = f"failed to load '{name}': {self._redact(detail)}"
                 if not isinstance(exc, KilnError):
@@ -256,8 +262,9 @@ class ModelManager:
         """A load error as clients may read it: the repository's host path left out."""
         if self.repository is None:
             return text
-        for root in {str(self.repository.resolve()), str(self.repository)}:
-            text = text.replace(root, "<repository>")
+        for root in sorted({str(self.repository.resolve()), str(self.repository)}, key=len, reverse=True):
+            # Whole paths only: the root "repo" is not the start of "repository", nor "." of "model.py".
+            text = re.sub(rf"(?<![\w.\-/]){re.escape(root)}(?![\w.\-])", "<repository>", text)
         return text
 
     async def _build(self, source: ModelSource, chain: tuple[str, ...]) -> dict[int, LoadedVersion]:

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from kiln.config import ServerConfig
 from kiln.dataplane.dataplane import DataPlane
 from kiln.dataplane.llm_model import engine_options
-from kiln.errors import ConfigError, ForbiddenError, ModelLoadError
+from kiln.errors import ConfigError, ForbiddenError, ModelLoadError, ModelNotFoundError
 from kiln.server.app import build_app
 from tests.unit.dataplane.planes import repository_plane
 from tests.unit.serving.models import DOUBLER_PY, doubler_config, write_model
@@ -153,3 +153,37 @@ def test_hostile_loads_over_http_and_grpc_are_400_and_inference_goes_on(tmp_path
         assert [a.json()["outputs"][0]["data"] for a in answers] == [[2.0, 4.0]] * 4
         assert grpc.is_model_ready("doubler")
         grpc.close()
+
+
+def test_load_errors_name_the_model_not_the_path_and_leave_no_model_loading(tmp_path, monkeypatch):
+    # A repository given as "." (or "repo"): a message's "model.py" or "repository"
+    # stays as written; a model whose directory went is a 404 on reload; a model
+    # module that raises SystemExit fails its load instead of staying LOADING.
+    monkeypatch.chdir(tmp_path)
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+    write_model(tmp_path, "quits", doubler_config(), {1: {"model.py": "raise SystemExit(3)\n"}})
+    write_model(tmp_path, "lacks", doubler_config(artifact="helper.py"), {1: {"model.py": DOUBLER_PY}})
+
+    async def main():
+        plane = repository_plane(tmp_path.relative_to(tmp_path))  # "."
+        await plane.start()
+        try:
+            await plane.load_model("doubler")
+            with pytest.raises(ModelLoadError) as quit_error:
+                await plane.load_model("quits")
+            with pytest.raises(ModelLoadError) as lack_error:
+                await plane.load_model("lacks")
+            for path in (tmp_path / "doubler" / "1" / "model.py", tmp_path / "doubler" / "config.yaml"):
+                path.unlink()
+            (tmp_path / "doubler" / "1").rmdir()
+            (tmp_path / "doubler").rmdir()
+            with pytest.raises(ModelNotFoundError, match="'doubler' is not in the model repository$"):
+                await plane.load_model("doubler")
+            return quit_error.value.message, lack_error.value.message, plane.model_states()
+        finally:
+            await plane.shutdown()
+
+    quit_message, lack_message, states = asyncio.run(main())
+    assert quit_message == "failed to load 'quits': SystemExit: 3"
+    assert lack_message == "failed to load 'lacks': artifact 'helper.py' not found in version directory '1'"
+    assert states["quits"] == "unavailable" and states["doubler"] == "ready"  # version 1 still serves
