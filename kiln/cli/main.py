@@ -118,6 +118,9 @@ def run_serve(
     ray_options = given(args, ray_names)
     if ray_options and not args.ray:  # a flag mistake, said before anything is read
         raise KilnError(f"{', '.join('--' + n.replace('_', '-') for n in sorted(ray_options))} need --ray")
+    from kiln.server.preflight import check_server_config
+
+    check_server_config(config, listens=not args.ray)
     engine_options = given(args, engine_names)
     llm = None
     if args.model is not None or config.model_repository is None:

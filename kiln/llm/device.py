@@ -8,7 +8,10 @@ from kiln.errors import ConfigError
 
 def require_device(name: str) -> torch.device:
     """`name` as a torch.device, or a ConfigError saying why it cannot be used here."""
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # "cuda:abc", "cuda:-1"
+        raise ConfigError(f"device {name!r} is not a device name (cpu, cuda or cuda:N)", param="device") from None
     if device.type != "cuda":
         return device
     if not torch.cuda.is_available():

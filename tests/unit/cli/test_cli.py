@@ -72,3 +72,38 @@ def test_ray_flags_are_derived_and_need_ray(capsys):
     # Ray options without --ray are a mistake, said before any model loads.
     assert main(["serve", "/nonexistent.gguf", "--ray-max-replicas", "6"]) == 2
     assert "--ray-max-replicas need --ray" in capsys.readouterr().err
+
+
+def test_serve_settings_it_cannot_use_are_one_line_errors(tmp_path, capsys):
+    # Each was a server that stayed unready forever (the repository) or a traceback
+    # from uvicorn's or gRPC's start (TLS files, the address), or torch's (the device).
+    import socket
+
+    from kiln.cli.main import main
+
+    not_pem = tmp_path / "cert.pem"
+    not_pem.write_text("not a certificate\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = str(taken.getsockname()[1])
+        cases = [
+            (["--model-repository", str(tmp_path / "missing")], "model_repository '"),
+            (["--model-repository", str(not_pem)], "is not a directory"),
+            (["--model-repository", str(tmp_path), "--ssl-certfile", str(tmp_path / "nope.pem"), "--ssl-keyfile",
+              str(not_pem)], "ssl_certfile '"),
+            (["--model-repository", str(tmp_path), "--ssl-certfile", str(tmp_path), "--ssl-keyfile", str(not_pem)],
+             "is not a file"),
+            (["--model-repository", str(tmp_path), "--ssl-certfile", str(not_pem), "--ssl-keyfile", str(not_pem)],
+             "are not a PEM certificate and its unencrypted private key"),
+            (["--model-repository", str(tmp_path), "--port", busy], f"cannot listen on 127.0.0.1:{busy} (port)"),
+            (["--model-repository", str(tmp_path), "--port", "0", "--grpc-port", busy], "(grpc_port)"),
+            (["--model-repository", str(tmp_path), "--host", "999.1.1.1", "--port", "0", "--grpc-port", "0"],
+             "cannot listen on 999.1.1.1:"),
+        ]
+        for flags, message in cases:
+            assert main(["serve", *flags]) == 2, flags
+            err = capsys.readouterr().err
+            assert err.startswith("kiln: error: ") and message in err and "Traceback" not in err, (flags, err)
+    assert main(["generate", "--device", "cuda:abc", "--prompt", "hi"]) == 2
+    assert "device 'cuda:abc' is not a device name" in capsys.readouterr().err

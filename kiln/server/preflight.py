@@ -1,0 +1,55 @@
+"""`kiln serve`'s own settings checked before anything starts: a repository
+path that is not a directory, TLS files that are not a PEM pair, an address
+that cannot be listened on are each one line and exit 2, not a server that
+stays unready forever or a traceback from uvicorn's or gRPC's start."""
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+
+from kiln.config import ServerConfig
+from kiln.errors import ConfigError
+
+
+def check_server_config(config: ServerConfig, listens: bool = True) -> None:
+    """`listens`: this process binds config.host's ports (not so under Ray Serve)."""
+    check_repository(config.model_repository)
+    check_tls(config.ssl_certfile, config.ssl_keyfile)
+    if listens:
+        check_listen(config.host, config.port, "port")
+        check_listen(config.host, config.grpc_port_resolved, "grpc_port")
+
+
+def check_repository(path: str | None) -> None:
+    if path is not None and not Path(path).is_dir():
+        raise ConfigError(f"model_repository {path!r} is not a directory", param="model_repository")
+
+
+def check_tls(certfile: str | None, keyfile: str | None) -> None:
+    if certfile is None or keyfile is None:
+        return  # both or neither: ServerConfig says so
+    for name, path in (("ssl_certfile", certfile), ("ssl_keyfile", keyfile)):
+        if not Path(path).is_file():
+            raise ConfigError(f"{name} {path!r} is not a file", param=name)
+    try:
+        # An empty password: an encrypted key is an error here, never a prompt on the terminal.
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile, password=b"")
+    except ssl.SSLError as e:
+        raise ConfigError(
+            f"ssl_certfile {certfile!r} and ssl_keyfile {keyfile!r} are not a PEM certificate and its "
+            f"unencrypted private key ({e.reason or e})", param="ssl_certfile") from None
+
+
+def check_listen(host: str, port: int, name: str) -> None:
+    """Bind host:port once (as the server will, SO_REUSEADDR) and let go; port 0
+    (any free port) checks the host alone, -1 (off) nothing."""
+    if port < 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port} ({name}): {e.strerror or e}", param=name) from None
