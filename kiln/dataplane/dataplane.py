@@ -60,6 +60,7 @@ from kiln.metrics.server_metrics import LLMMetricFamilies
 from kiln.serving.codecs.kserve_http import decode_json
 from kiln.serving.codecs.limits import Limits
 from kiln.serving.metrics import ServingMetrics
+from kiln.serving.parameters import flag_parameter
 from kiln.serving.repository.config import RepositoryModelConfig
 from kiln.serving.repository.manager import ModelManager
 from kiln.serving.repository.version import LoadedVersion
@@ -408,7 +409,7 @@ class DataPlane:
         unknown = set(parameters) - {"unload_dependents"}
         if unknown:
             raise InvalidRequestError(f"unknown unload parameter(s) {sorted(unknown)}")
-        await self.models.unload(name, bool(parameters.get("unload_dependents", False)))
+        await self.models.unload(name, flag_parameter(parameters, "unload_dependents"))
 
     # ---- routes: what they need of the models ---------------------------------
     def _catalog(self) -> dict[str, list[int] | None]:

@@ -25,6 +25,7 @@ from kiln.frontends.openapi import request_body
 from kiln.frontends.routing import TARGET_HEADER, route_key
 from kiln.serving.codecs.kserve_http import decode_json, encode_infer_response, parse_infer_request
 from kiln.serving.codecs.limits import Limits
+from kiln.serving.parameters import flag_parameter
 
 log = logging.getLogger("kiln.kserve.http")
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -271,7 +272,7 @@ def kserve_router(dataplane: DataPlane) -> APIRouter:
     @_guard
     async def repository_index(request: Request):
         doc = await _json_body(request, limits)
-        return _json(dataplane.repository_index(bool(doc.get("ready", False))))
+        return _json(dataplane.repository_index(flag_parameter(doc, "ready")))
 
     @router.post("/v2/repository/models/{name}/load", openapi_extra=request_body(CONTROL_REQUEST_SCHEMA))
     @_guard

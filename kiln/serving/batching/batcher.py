@@ -45,6 +45,7 @@ from kiln.serving.batching.inline import InlineEstimate
 from kiln.serving.batching.wait_policy import WaitPolicy
 from kiln.serving.metrics import ServingMetrics
 from kiln.serving.model import Model
+from kiln.serving.parameters import timeout_parameter_s
 from kiln.serving.repository.config import RepositoryModelConfig
 from kiln.serving.stats import ModelStats
 from kiln.serving.types import InferRequest, InferResponse
@@ -119,22 +120,21 @@ class DynamicBatcher:
         self._start()
         if self.max_queue and len(self._queue) >= self.max_queue:
             raise OverloadedError(f"Exceeds maximum queue size ({self.max_queue}) of model '{self.config.name}'")
-        priority = request_priority(request)
+        priority, timeout = request_priority(request), self._timeout_s(request)  # both checked on every path
         rows = request.batch_size() if self.config.max_batch_size else 1
         self._policy.arrived(rows, time.perf_counter_ns())
         try:
             index = self._instance_for_now(rows)
             if index is not None:
                 return self._run_now(index, request, rows)
-            return await self._queued(request, priority, rows)
+            return await self._queued(request, priority, timeout, rows)
         finally:
             self._policy.answered(rows)
 
-    async def _queued(self, request: InferRequest, priority: int, rows: int) -> dict[str, np.ndarray]:
+    async def _queued(self, request: InferRequest, priority: int, timeout: float, rows: int) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
         item = _Item(request, rows, loop.create_future())
         item.key = (priority * self.aging_s + item.enqueued_ns / 1e9 if self.aging_s else priority, next(_arrivals))
-        timeout = self._timeout_s(request)
         if timeout > 0:
             item.timer = loop.call_later(timeout, self._expire, item)
         bisect.insort(self._queue, item, key=_queue_key)
@@ -173,10 +173,7 @@ class DynamicBatcher:
         return outcome
 
     def _timeout_s(self, request: InferRequest) -> float:
-        value = request.parameters.get("timeout")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return value / 1e6  # KServe schedule_policy: microseconds
-        return self.default_timeout_s
+        return timeout_parameter_s(request.parameters, self.default_timeout_s)
 
     def _expire(self, item: _Item) -> None:
         if not item.taken and not item.future.done():

@@ -14,6 +14,7 @@ import numpy as np
 from kiln.errors import InvalidRequestError
 from kiln.serving.codecs.limits import Limits
 from kiln.serving.codecs.tensors import from_json, from_raw, to_json, to_raw
+from kiln.serving.parameters import flag_parameter
 from kiln.serving.types import InferRequest, InferResponse, RequestedOutput, datatype_of
 
 _REQUEST_KEYS = {"id", "parameters", "inputs", "outputs"}
@@ -160,14 +161,14 @@ def _parse_outputs(items: Any) -> list[RequestedOutput] | None:
         if unknown:
             raise InvalidRequestError(f"unknown field(s) in requested output: {sorted(unknown)}")
         params = _params(item.get("parameters"), f"output '{item['name']}'")
-        binary = params.get("binary_data")
-        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary), params))
+        binary = None if params.get("binary_data") is None else flag_parameter(params, "binary_data")
+        outputs.append(RequestedOutput(item["name"], binary, params))
     return outputs
 
 
 def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
     """JSON body (+ binary outputs). Returns (body, header length or None)."""
-    default_binary = bool(request.parameters.get("binary_data_output", False))
+    default_binary = flag_parameter(request.parameters, "binary_data_output")
     wanted = {o.name: o for o in request.outputs} if request.outputs is not None else None
     tensors, chunks = [], []
     for name, array in response.outputs.items():
