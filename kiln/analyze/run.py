@@ -49,6 +49,20 @@ def make_workload(config: AnalyzeConfig, kind: str) -> Workload:
                     protocol=config.protocol, batch_size=config.batch_size, seed=config.workload_seed)
 
 
+def make_output_dir(path: str) -> Path:
+    """Create --output (and its parents). A path that is a file, or lies under one, is
+    the user's to fix: a one-line ConfigError, not a FileExistsError traceback."""
+    output = Path(path)
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {path!r} exists and is not a directory", param="output")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a parent that is a file, no permission, a read-only disk
+        raise ConfigError(f"--output {path!r}: cannot create the directory ({exc.strerror or exc})",
+                          param="output") from None
+    return output
+
+
 def planned_configs(space: SearchSpace, config: AnalyzeConfig) -> int:
     one_pass = 1 + sum(len(p.values) - 1 for p in space.params)
     planned = config.trials if config.search == "optuna" else one_pass
@@ -64,8 +78,7 @@ def run_analyze(
     space = subject.space.restricted(parse_overrides(subject.space, param_specs))
     objective = make_objective(config, subject.kind)
     workload = make_workload(config, subject.kind)
-    output = Path(config.output)
-    output.mkdir(parents=True, exist_ok=True)
+    output = make_output_dir(config.output)
     store = ResultStore(output, {**subject.fingerprint(), "workload": workload.describe()}, config.resume)
     level_name = "request rate" if subject.kind == "llm" else "concurrency"
     stop, outcome = StopFlag(), SearchOutcome()

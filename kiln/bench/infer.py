@@ -14,16 +14,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kiln.errors import ConfigError, InvalidRequestError, KilnError, RequestFailedError
 from kiln.frontends.kserve.grpc.stubs import load_stubs
 from kiln.serving.codecs.tensors import to_raw
 from kiln.serving.types import datatype_of, numpy_dtype
 
 PERCENTILES = (50, 90, 99)
+# gRPC codes that mean the request was at fault (the HTTP 4xx of gRPC).
+GRPC_CLIENT_CODES = ("INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PRECONDITION",
+                     "UNAUTHENTICATED", "PERMISSION_DENIED")
 
 
 @dataclass
@@ -66,19 +72,47 @@ def make_inputs(metadata: dict, batch_size: int, dim: int, seed: int = 0) -> dic
     return inputs
 
 
+def _refusal(status: str, client_fault: bool, where: str, message: str) -> KilnError:
+    """The server's refusal as one line: a 4xx is the request's fault, anything else the server's."""
+    text = " ".join(str(message).split())[:300] or "(no message)"
+    return (InvalidRequestError if client_fault else RequestFailedError)(f"{status} from {where}: {text}")
+
+
+def _http_refusal(response) -> KilnError:
+    try:  # Kiln (and KServe servers) answer errors as {"error": message}
+        message = response.json().get("error") or response.text
+    except (ValueError, AttributeError):
+        message = response.text
+    return _refusal(f"HTTP {response.status_code}", 400 <= response.status_code < 500, str(response.url), message)
+
+
 class HttpTarget:
     def __init__(self, url: str, model: str):
         import httpx
 
         self.base = url if url.startswith("http") else f"http://{url}"
         self.model = model
-        self.client = httpx.AsyncClient(base_url=self.base, timeout=60,
-                                        limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
+        try:
+            self.client = httpx.AsyncClient(base_url=self.base, timeout=60,
+                                            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
+        except httpx.InvalidURL as exc:
+            raise ConfigError(f"--url {url!r} is not a valid URL: {exc}", param="url") from None
+
+    async def _send(self, method: str, path: str, **kwargs):
+        import httpx
+
+        try:
+            response = await self.client.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            # Connection refused, DNS failure, timeout: say where, not an httpx traceback.
+            raise ConfigError(f"cannot reach the server at {self.base}: {exc or type(exc).__name__}",
+                              param="url") from None
+        if response.status_code != 200:
+            raise _http_refusal(response)
+        return response
 
     async def metadata(self) -> dict:
-        response = await self.client.get(f"/v2/models/{self.model}")
-        response.raise_for_status()
-        return response.json()
+        return (await self._send("GET", f"/v2/models/{self.model}")).json()
 
     def prepare(self, inputs: dict[str, np.ndarray]):
         raws = {k: to_raw(v) for k, v in inputs.items()}
@@ -91,9 +125,7 @@ class HttpTarget:
 
     async def infer(self, prepared) -> None:
         body, headers = prepared
-        response = await self.client.post(f"/v2/models/{self.model}/infer", content=body, headers=headers)
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+        await self._send("POST", f"/v2/models/{self.model}/infer", content=body, headers=headers)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -104,6 +136,7 @@ class GrpcTarget:
         import grpc
 
         self.pb2, pb2_grpc = load_stubs()
+        self.url = url
         self.model = model
         self.channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", 1 << 30),
                                                                ("grpc.max_send_message_length", 1 << 30)])
@@ -112,8 +145,19 @@ class GrpcTarget:
     async def metadata(self) -> dict:
         from google.protobuf import json_format
 
-        response = await self.stub.ModelMetadata(self.pb2.ModelMetadataRequest(name=self.model))
+        request = self.pb2.ModelMetadataRequest(name=self.model)
+        response = await self._call(self.stub.ModelMetadata, request)
         return json_format.MessageToDict(response, preserving_proto_field_name=True)
+
+    async def _call(self, method, request):
+        import grpc
+
+        try:
+            return await method(request, timeout=60)
+        except grpc.aio.AioRpcError as exc:
+            # An unreachable server is UNAVAILABLE with "failed to connect" in its details.
+            code = exc.code().name
+            raise _refusal(f"gRPC {code}", code in GRPC_CLIENT_CODES, self.url, exc.details() or "") from None
 
     def prepare(self, inputs: dict[str, np.ndarray]):
         request = self.pb2.ModelInferRequest(model_name=self.model)
@@ -124,7 +168,7 @@ class GrpcTarget:
         return request
 
     async def infer(self, prepared) -> None:
-        await self.stub.ModelInfer(prepared, timeout=60)
+        await self._call(self.stub.ModelInfer, prepared)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -179,21 +223,54 @@ def format_table(results: list[dict], title: str) -> str:
     return "\n".join(lines)
 
 
+# argparse types: a bad value is a one-line "argument --x: ..." usage error (exit 2)
+# before any connection is made, instead of a traceback or a sweep of zeros.
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):  # nan fails `> 0` too
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text!r}")
+    return value
+
+
+def concurrency_levels(text: str) -> list[int]:
+    parts = [c.strip() for c in text.split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return [positive_int(c) for c in parts if c]
+
+
 def add_bench_infer_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     p.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 http / :8001 grpc)")
-    p.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
-    p.add_argument("--duration", type=float, default=5.0, help="seconds per level")
-    p.add_argument("--batch-size", type=int, default=1, help="rows per request (models that batch)")
-    p.add_argument("--dim", type=int, default=1, help="size used for other variable dims")
+    p.add_argument("--concurrency", type=concurrency_levels, default=[1, 8, 32], metavar="N[,N...]",
+                   help="comma-separated levels (default: 1,8,32)")
+    p.add_argument("--duration", type=positive_seconds, default=5.0, help="seconds per level")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="rows per request (models that batch)")
+    p.add_argument("--dim", type=positive_int, default=1, help="size used for other variable dims")
     p.add_argument("--json", dest="json_path", help="also write the results here")
 
 
 def main_bench_infer(args: argparse.Namespace) -> int:
+    """Run the sweep. An unreachable server, or one that refuses the metadata or warm-up
+    requests (e.g. --batch-size above the model's max_batch_size), raises a KilnError
+    naming the URL and the server's answer before any level runs."""
     url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
-    levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
-    results = asyncio.run(sweep(args.protocol, url, args.model, levels, args.duration, args.batch_size, args.dim))
+    results = asyncio.run(sweep(args.protocol, url, args.model, args.concurrency, args.duration,
+                                args.batch_size, args.dim))
     print(format_table(results, f"{args.model} over {args.protocol} at {url}"))
     if args.json_path:
         with open(args.json_path, "w") as f:
@@ -204,7 +281,12 @@ def main_bench_infer(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kiln bench infer")
     add_bench_infer_arguments(parser)
-    return main_bench_infer(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return main_bench_infer(args)
+    except KilnError as exc:  # as `kiln` itself reports them (kiln/cli/main.py)
+        print(f"{parser.prog}: error: {exc.message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ inputs) happen at load time.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -118,10 +119,34 @@ class VersionPolicy(_Frozen):
         return available[-(self.latest or 1):]
 
 
+# Warm-up tensors are allocated in full at load time, so a typo in `dims` could ask
+# for terabytes (a MemoryError, or a host brought to its knees). 2**26 elements is
+# 256 MiB of FP32 per input: more than any warm-up needs.
+MAX_WARMUP_ELEMENTS = 1 << 26
+
+
 class WarmupInput(_Frozen):
+    """One warm-up tensor: a concrete shape (no -1), batch dim excluded."""
+
     datatype: str
     dims: tuple[int, ...]
     data: Literal["zero", "random"] = "zero"
+
+    @field_validator("datatype")
+    @classmethod
+    def _datatype(cls, value: str) -> str:
+        if value not in DATATYPES:
+            raise ValueError(f"datatype {value!r} is not one of {list(DATATYPES)}")
+        return value
+
+    @field_validator("dims")
+    @classmethod
+    def _dims(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        # The tensor is built from these dims, so each must be a real size.
+        bad = [d for d in value if d < 1]
+        if bad:
+            raise ValueError(f"dims {list(value)} must all be positive (warm-up shapes are concrete), got {bad}")
+        return value
 
 
 class Warmup(_Frozen):
@@ -129,6 +154,17 @@ class Warmup(_Frozen):
     batch_size: int = Field(default=1, ge=1)
     count: int = Field(default=1, ge=1, le=1000)
     inputs: dict[str, WarmupInput]
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Warmup:
+        for name, spec in self.inputs.items():
+            elements = self.batch_size * math.prod(spec.dims)
+            if elements > MAX_WARMUP_ELEMENTS:
+                raise ValueError(
+                    f"input {name!r} has batch_size {self.batch_size} x dims {list(spec.dims)} = "
+                    f"{elements} elements, more than the warm-up limit of {MAX_WARMUP_ELEMENTS}"
+                )
+        return self
 
 
 class EnsembleStep(_Frozen):
@@ -206,6 +242,9 @@ class RepositoryModelConfig(_Frozen):
             too_big = [p for p in self.dynamic_batching.preferred_batch_sizes if p > self.max_batch_size]
             if too_big:
                 raise ValueError(f"preferred_batch_sizes {too_big} exceed max_batch_size")
+        problems = warmup_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -217,6 +256,59 @@ class RepositoryModelConfig(_Frozen):
 
     def output(self, name: str) -> TensorSpec | None:
         return next((s for s in self.outputs if s.name == name), None)
+
+
+def warmup_problems(config: RepositoryModelConfig) -> list[str]:
+    """Every way the warm-up entries disagree with the model's batch size and inputs.
+
+    A config may leave its inputs to the artifact (ONNX); then only the batch size
+    is checked here, and the load checks again once the inputs are known
+    (`check_warmup`)."""
+    problems = []
+    for index, warmup in enumerate(config.warmup):
+        where = f"warmup[{index}] ({warmup.name!r})"
+        problems += [f"{where}: {p}" for p in _warmup_batch_problems(config, warmup)]
+        if config.inputs:
+            problems += [f"{where}: {p}" for p in _warmup_input_problems(config, warmup)]
+    return problems
+
+
+def check_warmup(config: RepositoryModelConfig) -> None:
+    """Raise ConfigError if the warm-up does not fit `config` (one with its inputs
+    resolved from the artifact): a bad warm-up is the config's fault, not the server's."""
+    problems = warmup_problems(config)
+    if problems:
+        raise ConfigError(f"invalid config for model '{config.name}': {'; '.join(problems)}", param="warmup")
+
+
+def _warmup_batch_problems(config: RepositoryModelConfig, warmup: Warmup) -> list[str]:
+    if config.max_batch_size == 0 and warmup.batch_size != 1:
+        # Without batching the warm-up tensors get no batch dim, so the size would be ignored.
+        return [f"batch_size {warmup.batch_size} needs max_batch_size >= 1 (the model does not batch)"]
+    if config.max_batch_size and warmup.batch_size > config.max_batch_size:
+        return [f"batch_size {warmup.batch_size} exceeds max_batch_size {config.max_batch_size}"]
+    return []
+
+
+def _warmup_input_problems(config: RepositoryModelConfig, warmup: Warmup) -> list[str]:
+    problems = []
+    for name, given in warmup.inputs.items():
+        spec = config.input(name)
+        if spec is None:
+            problems.append(f"input {name!r} is not an input of the model {[s.name for s in config.inputs]}")
+        elif given.datatype != spec.datatype:
+            problems.append(f"input {name!r} data-type is {given.datatype!r}, but the model expects {spec.datatype!r}")
+        elif not _dims_fit(given.dims, spec.dims):
+            problems.append(f"input {name!r} dims {list(given.dims)} do not fit the model's dims {list(spec.dims)}")
+    missing = [s.name for s in config.inputs if not s.optional and s.name not in warmup.inputs]
+    if missing:
+        problems.append(f"required input(s) {missing} missing")
+    return problems
+
+
+def _dims_fit(dims: tuple[int, ...], spec_dims: tuple[int, ...]) -> bool:
+    """Whether concrete `dims` fit a spec's dims (-1 takes any size)."""
+    return len(dims) == len(spec_dims) and all(s in (-1, d) for d, s in zip(dims, spec_dims, strict=True))
 
 
 def parse_config(data: Any, *, name: str) -> RepositoryModelConfig:

@@ -12,7 +12,7 @@ from kiln.config import EngineConfig
 from kiln.errors import KilnError
 from kiln.serving.ensemble.dag import validate_ensemble
 from kiln.serving.model import LoadContext
-from kiln.serving.repository.config import RepositoryModelConfig
+from kiln.serving.repository.config import RepositoryModelConfig, check_warmup
 from kiln.serving.repository.loader import ModelSource, list_models, read_model
 
 DEFAULT_ARTIFACTS = {"onnxruntime": ("model.onnx",), "torch": ("model.pt", "model.pt2"), "python": ("model.py",)}
@@ -51,7 +51,9 @@ def _resolved(source: ModelSource) -> RepositoryModelConfig:
     model = OnnxRuntimeModel()
     model.load(LoadContext(config, version, directory))
     inputs, outputs = model.io_specs()
-    return config.model_copy(update={"inputs": inputs, "outputs": outputs})
+    resolved = config.model_copy(update={"inputs": inputs, "outputs": outputs})
+    check_warmup(resolved)  # the warm-up's inputs could not be checked before the model's were known
+    return resolved
 
 
 def validate_repository(path: str | Path) -> list[str]:

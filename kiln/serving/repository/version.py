@@ -27,7 +27,7 @@ from kiln.serving.batching.batcher import DynamicBatcher
 from kiln.serving.ensemble.runner import EnsembleRunner
 from kiln.serving.metrics import ServingMetrics
 from kiln.serving.model import AsyncModel, LoadContext, Model
-from kiln.serving.repository.config import RepositoryModelConfig, Warmup
+from kiln.serving.repository.config import RepositoryModelConfig, Warmup, check_warmup
 from kiln.serving.stats import ModelStats
 from kiln.serving.types import InferRequest, InferResponse, as_bytes_array, numpy_dtype
 from kiln.serving.validation import validate_request
@@ -45,6 +45,8 @@ def load_instances(
             model.load(LoadContext(config, version, version_dir, index))
             instances.append(model)
         resolved = _resolve_io(config, instances[0])
+        # Inputs read from the artifact were unknown when config.yaml was parsed.
+        check_warmup(resolved)
         for model in instances:
             if hasattr(model, "config"):
                 model.config = resolved

@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from kiln.errors import ConfigError
-from kiln.serving.repository.config import VersionPolicy, check_model_name, parse_config
+from kiln.serving.repository.config import MAX_WARMUP_ELEMENTS, VersionPolicy, check_model_name, parse_config
 
 
 def _base(**kw):
@@ -54,3 +54,41 @@ def test_version_policies():
     assert VersionPolicy(latest=2).select([3, 1, 2]) == [2, 3]
     assert VersionPolicy(all=True).select([3, 1]) == [1, 3]
     assert VersionPolicy(specific=(1, 5)).select([1, 2, 3]) == [1]
+
+
+def _warm(batch_size=1, **inputs):
+    return [{"name": "w", "batch_size": batch_size, "inputs": inputs or {"X": {"datatype": "FP32", "dims": [2]}}}]
+
+
+@pytest.mark.parametrize("warmup, fragments", [
+    (_warm(X={"datatype": "FLOAT", "dims": [1]}), ["warmup.0.inputs.X.datatype", "'FLOAT'"]),
+    (_warm(NOPE={"datatype": "FP32", "dims": [1]}), ["warmup[0] ('w')", "'NOPE' is not an input", "['X'] missing"]),
+    (_warm(batch_size=100), ["warmup[0] ('w')", "batch_size 100 exceeds max_batch_size 8"]),
+    (_warm(X={"datatype": "INT32", "dims": [1]}), ["warmup[0] ('w')", "'INT32'", "expects 'FP32'"]),
+    (_warm(X={"datatype": "FP32", "dims": [-5]}), ["warmup.0.inputs.X.dims", "[-5]"]),
+    (_warm(X={"datatype": "FP32", "dims": [0]}), ["warmup.0.inputs.X.dims", "[0]"]),
+    (_warm(X={"datatype": "FP32", "dims": [99999999999]}), ["warmup.0", "99999999999", str(MAX_WARMUP_ELEMENTS)]),
+    (_warm(batch_size=8, X={"datatype": "FP32", "dims": [MAX_WARMUP_ELEMENTS // 4]}), ["warmup.0", "batch_size 8"]),
+    (_warm(X={"datatype": "FP32", "dims": [1, 2]}), ["warmup[0] ('w')", "dims [1, 2] do not fit"]),
+])
+def test_invalid_warmups_are_rejected(warmup, fragments):
+    with pytest.raises(ConfigError) as info:
+        parse_config(_base(max_batch_size=8, warmup=warmup), name="m")
+    for fragment in fragments:
+        assert fragment in info.value.message
+
+
+def test_warmup_batch_size_needs_a_batching_model():
+    with pytest.raises(ConfigError, match="batch_size 2 needs max_batch_size >= 1"):
+        parse_config(_base(warmup=_warm(batch_size=2)), name="m")
+
+
+def test_valid_warmups_are_accepted():
+    optional = [{"name": "X", "datatype": "FP32", "dims": [-1, 3]},
+                {"name": "MASK", "datatype": "BOOL", "dims": [1], "optional": True}]
+    config = parse_config(_base(max_batch_size=8, inputs=optional,
+                                warmup=_warm(batch_size=8, X={"datatype": "FP32", "dims": [5, 3]})), name="m")
+    assert config.warmup[0].inputs["X"].dims == (5, 3)
+    # Inputs left to the artifact: only the shape itself can be checked now (again at load).
+    config = parse_config({"backend": "onnxruntime", "warmup": _warm(Z={"datatype": "FP32", "dims": [4]})}, name="m")
+    assert "Z" in config.warmup[0].inputs

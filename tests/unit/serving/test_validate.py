@@ -1,5 +1,11 @@
+import asyncio
+
+import pytest
+
 from kiln.cli.main import main as kiln_main
+from kiln.errors import ModelConfigLoadError
 from kiln.serving.repository.validate import validate_repository
+from tests.unit.dataplane.planes import repository_plane
 from tests.unit.serving.models import DOUBLER_PY, add_sub_onnx, basic_repository, doubler_config, write_model
 
 
@@ -31,3 +37,27 @@ def test_each_bad_model_is_reported(tmp_path, capsys):
     assert "no_version:" in text and "bad_graph:" in text and "'missing'" in text
     assert kiln_main(["repo", "validate", str(tmp_path)]) == 1
     assert validate_repository(tmp_path / "absent")[0].endswith("is not a directory")
+
+
+def test_bad_warmups_fail_validation_and_load_with_a_config_error(tmp_path, capsys):
+    warm = [{"name": "w", "inputs": {"IN": {"datatype": "FP32", "dims": [-5]}}}]
+    write_model(tmp_path, "doubler", doubler_config(warmup=warm), {1: {"model.py": DOUBLER_PY}})
+    # An ONNX model's inputs are only known from the file: its warm-up is checked once they are.
+    onnx_warm = [{"name": "w", "inputs": {"NOPE": {"datatype": "FP32", "dims": [4]}}}]
+    write_model(tmp_path, "auto_onnx", {"backend": "onnxruntime", "max_batch_size": 2, "warmup": onnx_warm},
+                {1: {"model.onnx": add_sub_onnx()}})
+    text = "\n".join(validate_repository(tmp_path))
+    assert "doubler: invalid config" in text and "dims [-5]" in text
+    assert "auto_onnx: invalid config" in text and "'NOPE' is not an input" in text
+    assert kiln_main(["repo", "validate", str(tmp_path)]) == 1
+
+    async def load(name):
+        plane = repository_plane(tmp_path, model_control="explicit")
+        try:
+            await plane.load_model(name)
+        finally:
+            await plane.shutdown()
+    for name, fragment in (("doubler", "dims [-5]"), ("auto_onnx", "'NOPE' is not an input")):
+        with pytest.raises(ModelConfigLoadError) as info:  # a 400, not a 500 from numpy
+            asyncio.run(load(name))
+        assert info.value.http_status == 400 and fragment in info.value.message
