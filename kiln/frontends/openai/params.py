@@ -45,10 +45,10 @@ def check_work(num_prompts: int, n: int, limit: int) -> None:
 def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     out = {}
     for key, value in (bias or {}).items():
-        try:
-            out[int(key)] = value
-        except ValueError:
-            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+        # Plain ASCII digits only: int() also reads "5_0", " +50 " and other scripts' digits.
+        if not (key.isascii() and key.isdigit()):
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+        out[int(key)] = value
     return out
 
 
@@ -64,6 +64,8 @@ def sampling_params(
     """Choice `i` of a seeded request uses seed + i, so n > 1 gives n different
     samples and the same request gives the same n samples again. Fields the
     request leaves unset take the model's generation_config defaults, then the API's."""
+    if req.stream_options is not None and not req.stream:  # as vLLM: options of a stream that is not one
+        raise InvalidRequestError("stream_options is only allowed with stream: true", param="stream_options")
     d = defaults
     return SamplingParams(
         max_tokens=max_tokens,

@@ -40,6 +40,10 @@ def openai_router(dataplane: DataPlane) -> APIRouter:
     async def models() -> dict:
         return serving_tokens.list_models(dataplane, started)
 
+    @router.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> dict:
+        return serving_tokens.retrieve_model(dataplane, started, model_id)
+
     @router.post("/tokenize", openapi_extra=request_body(TokenizeRequest))
     async def tokenize(request: Request) -> dict:
         return await serving_tokens.tokenize(dataplane, request)

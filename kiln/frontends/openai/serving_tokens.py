@@ -1,11 +1,11 @@
-"""POST /tokenize and /detokenize (vLLM's shapes), GET /v1/models."""
+"""POST /tokenize and /detokenize (vLLM's shapes), GET /v1/models and /v1/models/{id}."""
 
 from __future__ import annotations
 
 from fastapi import Request
 
 from kiln.dataplane.dataplane import DataPlane
-from kiln.errors import InvalidRequestError
+from kiln.errors import InvalidRequestError, ModelNotFoundError
 from kiln.frontends.limits import read_json_object
 from kiln.frontends.openai.common import parse
 from kiln.frontends.openai.protocol import DetokenizeRequest, TokenizeRequest
@@ -48,3 +48,13 @@ def list_models(dataplane: DataPlane, created: int) -> dict:
     for name in dataplane.llm_route_names():  # a route is a model name to clients
         data.append({"id": name, "object": "model", "created": created, "owned_by": "kiln", "kiln_route": True})
     return {"object": "list", "data": data}
+
+
+def retrieve_model(dataplane: DataPlane, created: int, model_id: str) -> dict:
+    """One card of GET /v1/models (the `openai` client's `models.retrieve`), or a 404 naming the served ones."""
+    cards = list_models(dataplane, created)["data"]
+    card = next((c for c in cards if c["id"] == model_id), None)
+    if card is None:
+        raise ModelNotFoundError(
+            f"model {model_id!r} does not exist; this server serves {[c['id'] for c in cards]}", param="model")
+    return card

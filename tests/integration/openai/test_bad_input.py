@@ -65,6 +65,10 @@ CASES = [
     (CHAT, {"messages": USER, "top_logprobs": 2}, 400, ["logprobs"], "top_logprobs"),
     (COMPLETIONS, {"prompt": [10**9]}, 400, ["token ids"], "prompt"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"x": 1}}, 400, ["logit_bias"], "logit_bias"),
+    # int() reads these as 50: not token ids as written
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"5_0": 1}}, 400, ["logit_bias", "'5_0'"], "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {" +50 ": 1}}, 400, ["logit_bias"], "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"\u0665\u0660": 1}}, 400, ["logit_bias"], "logit_bias"),
     (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, ["stop"], "stop.0"),  # the list item at fault
     (COMPLETIONS, {"prompt": "x" * 30000}, 400, ["20000", "max_request_bytes"], "max_request_bytes"),
     (COMPLETIONS, {"prompt": "x", "model": "gpt-4"}, 404, ["gpt-4", "tiny"], "model"),

@@ -29,7 +29,26 @@ def client(server):
 
 
 def test_models_lists_the_served_model(client):
+    import openai
+
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError, match="'gpt-4' does not exist"):
+        client.models.retrieve("gpt-4")
+
+
+def test_a_stop_string_in_the_last_allowed_token_still_stops(client):
+    kw = dict(model="tiny", prompt="Count with me:", temperature=0, extra_body=EXACT)
+    full = client.completions.create(max_tokens=6, **kw).choices[0].text
+    last = client.completions.create(max_tokens=6, stop=[full[-2:]], **kw).choices[0]
+    assert last.text == full[: full.find(full[-2:])] and last.finish_reason == "stop"
+
+
+def test_stream_options_need_a_stream(client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="stream_options"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, stream_options={"include_usage": True})
 
 
 def test_completion_whole_and_streamed_agree(client):
