@@ -59,7 +59,12 @@ def _check_batch(config: RepositoryModelConfig, spec: TensorSpec, shape: list[in
             f"input '{spec.name}' of model '{config.name}' needs a batch dimension (max_batch_size "
             f"{config.max_batch_size})"
         )
-    if not 1 <= shape[0] <= config.max_batch_size:
+    if shape[0] < 1:
+        raise InvalidRequestError(
+            f"inference request batch-size must be at least 1 for '{config.name}', got {shape[0]} "
+            f"(input '{spec.name}' has shape {shape})"
+        )
+    if shape[0] > config.max_batch_size:
         raise InvalidRequestError(
             f"inference request batch-size must be <= {config.max_batch_size} for '{config.name}', "
             f"got {shape[0]}"

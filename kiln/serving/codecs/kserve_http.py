@@ -134,6 +134,8 @@ def _parse_inputs(items: Any, binary: memoryview, limits: Limits) -> dict[str, n
             raise InvalidRequestError(f"input '{name}' appears more than once in the request")
         params = _params(item.get("parameters"), f"input '{name}'")
         size = params.get("binary_data_size")
+        if size is not None and "data" in item:  # which one is the tensor? (gRPC refuses both too)
+            raise InvalidRequestError(f"input '{name}' has both 'data' and 'binary_data_size'; give one")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
                 raise InvalidRequestError(f"binary_data_size of input '{name}' does not fit the request body")

@@ -165,7 +165,12 @@ def _cast(name: str, datatype: str, dtype: np.dtype, array: np.ndarray) -> np.nd
         return array.astype(dtype)
     if kind not in "iuf":
         raise InvalidRequestError(f"input '{name}' is {datatype} and needs numeric values")
-    return array.astype(dtype)
+    with np.errstate(over="ignore"):
+        cast = array.astype(dtype)
+    # A finite value beyond the type's range (1e300 as FP32, 70000 as FP16) would arrive as inf.
+    if np.isinf(cast).any() and (np.isinf(cast) & np.isfinite(array)).any():
+        raise InvalidRequestError(f"a value of input '{name}' is out of range for {datatype}")
+    return cast
 
 
 def to_json(name: str, array: np.ndarray) -> list:

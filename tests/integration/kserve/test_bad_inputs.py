@@ -39,6 +39,8 @@ HTTP_CASES = {
     "batch too big": ("add_sub", body(tensor(shape=(9, 4), data=ONES * 9),
                                       tensor("INPUT1", shape=(9, 4), data=ONES * 9)),
                       {}, 400, "batch-size must be <= 8"),
+    "empty batch": ("add_sub", body(tensor(shape=(0, 4), data=[]), tensor("INPUT1", shape=(0, 4), data=[])),
+                    {}, 400, "batch-size must be at least 1 for 'add_sub', got 0"),
     "negative dim": ("add_sub", body(tensor(shape=(2, -5)), GOOD[1]), {}, 400, "negative dimension"),
     "element overflow": ("add_sub", body(tensor(shape=(16, 2 ** 60 + 2)), GOOD[1]), {}, 400, "exceed maximum size"),
     "malformed json": ("add_sub", b'{"inputs": [', {}, 400, "failed to parse the request JSON"),

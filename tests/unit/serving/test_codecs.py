@@ -61,10 +61,18 @@ def test_json_flat_and_nested_data():
     ("FP32", ["a"], "expected FP32"),
     ("BYTES", [1], "JSON strings"),
     ("FP32", [[1], [1, 2]], "ragged"),
+    ("FP32", [1.0, 1e300], "out of range for FP32"),  # was inf, silently
+    ("FP16", [70000], "out of range for FP16"),
+    ("BF16", [1e39], "out of range for BF16"),
 ])
 def test_json_values_must_fit_the_datatype(datatype, data, fragment):
     with pytest.raises(InvalidRequestError, match=fragment):
         from_json("x", datatype, [len(data)], data, LIMITS)
+
+
+def test_infinities_and_nans_given_as_such_pass():
+    out = from_json("x", "FP32", [3], [float("inf"), float("-inf"), float("nan")], LIMITS)
+    assert np.isinf(out[:2]).all() and np.isnan(out[2]) and out.dtype == np.float32
 
 
 def test_to_json_flattens_and_decodes_text():
@@ -103,6 +111,8 @@ def test_parse_binary_request_and_encode_binary_response():
     ({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1]}] * 2}, "more than once"),
     ({"inputs": [{"name": "A", "datatype": "FP99", "shape": [1], "data": [1]}]}, "unknown datatype"),
     ({"inputs": [], "parameters": {"x": [1]}}, "parameters"),
+    ({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1], "parameters": {"binary_data_size": 0}}]},
+     "both 'data' and 'binary_data_size'"),
 ])
 def test_malformed_requests(doc, fragment):
     body, _ = _body(doc)
