@@ -262,7 +262,10 @@ def collate(events: list[Event]) -> Parsed:
             calls[e.index] = ParsedCall(e.name, "")
         elif isinstance(e, ToolArgs):
             calls[e.index].arguments += e.text
-    return Parsed(content.strip() or None, [calls[i] for i in sorted(calls)])
+    # Beside calls, whitespace is the calls' layout; without any, the text is the
+    # answer as it streams (and as it reads without `tools`), spaces and all.
+    text = content.strip() if calls else content
+    return Parsed(text or None, [calls[i] for i in sorted(calls)])
 
 
 def parse(stream: ToolStream, text: str) -> Parsed:

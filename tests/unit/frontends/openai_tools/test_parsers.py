@@ -86,3 +86,11 @@ def test_kiln_required_format_and_named_function():
 def test_unknown_parser_is_refused():
     with pytest.raises(ValueError, match="unknown tool parser"):
         make_stream("mistral")
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_an_answer_without_calls_is_the_text_it_streams(parser):
+    # Whole, the content was stripped; streamed, it was not: "...}" vs "...}\n".
+    text = "  The answer is *}\n"
+    streamed_text = "".join(e.text for e in streamed(make_stream(parser), text, 3) if isinstance(e, Content))
+    assert parse(make_stream(parser), text).content == text == streamed_text
