@@ -68,7 +68,7 @@ def prompt_logprobs_body(entries: list[TokenLogprob | None], texts: TokenTexts) 
         if e is None:
             body.append(None)
             continue
-        def entry(token_id: int, logprob: float, rank: int) -> dict:
+        def entry(token_id: int, logprob: float, rank: int | None) -> dict:
             return {"logprob": json_logprob(logprob), "rank": rank, "decoded_token": texts(token_id)}
 
         position = {str(tid): entry(tid, lp, i + 1) for i, (tid, lp) in enumerate(e.top)}
