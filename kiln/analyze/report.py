@@ -110,7 +110,7 @@ def _recommendation(summary: RunSummary) -> list[Block]:
              _gain(base.score if base else None, best.score)],
             ["at load level (" + summary.level_name + ")", _fmt(base.best.level if base and base.best else None, 2),
              _fmt(best.best.level if best.best else None, 2), ""],
-            ["p99 latency at that level (ms)" if summary.kind != "llm" else "p99 TTFT / TPOT / e2e (ms)",
+            ["p50 / p99 latency at that level (ms)" if summary.kind != "llm" else "p99 TTFT / TPOT / e2e (ms)",
              _latency(summary, base.best if base else None), _latency(summary, best.best), ""],
             ["cost per 1,000 predictions", _cost(summary, base.best if base else None), _cost(summary, best.best), ""],
             ["memory (MiB, server RSS)", _memory(base) if base else "-", _memory(best), ""]]

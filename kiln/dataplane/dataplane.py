@@ -276,6 +276,7 @@ class DataPlane:
     def model_ready(self, name: str, version: str = "") -> bool:
         route = self.router.table.get(name)
         if route is not None:  # ready while a target it sends traffic to is
+            _no_version(name, version)
             return any(w > 0 and self.model_ready(route.targets[t].model, route.targets[t].version_str)
                        for t, w in route.weights().items())
         try:

@@ -80,9 +80,10 @@ class Router:
         if check_ready:
             self._check_ready(name, route.weights())
         old = self.table.routes.get(name)
+        old_targets = list(old.weights()) if old is not None else []  # before the swap: nothing after it raises
         self.table.routes[name] = route
         if old is not None:
-            gone = [t for t in old.weights() if t not in route.weights()]
+            gone = [t for t in old_targets if t not in route.weights()]
             old_canary = old.canary.target if old.canary is not None else None
             self.metrics.forget(name, gone, old_canary if old_canary != _canary_target(route) else None)
         self._publish(route, source)

@@ -75,6 +75,19 @@ class Snapshot:
         values = [v for labels, v in self.now.get(name, ()) if _matches(labels, match)]
         return sum(values) if values else None
 
+    def unit_cost(self, name: str, **match: str) -> float | None:
+        """A cost per unit (`kiln:cost_per_1k_requests_usd`, per 1M tokens) over several
+        versions: their total cost over their total units, not the sum of their figures.
+        A version's cost is its busy share of the window, so that is the busy-weighted
+        harmonic mean: sum(busy) / sum(busy / cost_per_unit)."""
+        busy = {labels: v for labels, v in self.now.get("kiln:model_busy_fraction", ()) if _matches(labels, match)}
+        pairs = [(busy.get(labels, 0.0), v) for labels, v in self.now.get(name, ())
+                 if _matches(labels, match) and v > 0]
+        if not pairs:
+            return None
+        units = sum(b / v for b, v in pairs)
+        return sum(b for b, _ in pairs) / units if units > 0 else None
+
     def peak(self, name: str, **match: str) -> float | None:
         """The largest matching value: a device's gauge repeated under each model that uses it counts once."""
         values = [v for labels, v in self.now.get(name, ()) if _matches(labels, match)]
@@ -175,7 +188,7 @@ def _common(snap: Snapshot, name: str) -> dict[str, Any]:
         "queue_length": snap.gauge("kiln:queue_length", model_name=name),  # the autoscaling gauges' label
         "in_flight": snap.gauge("kiln:requests_in_flight", model_name=name),
         "busy_fraction": snap.gauge("kiln:model_busy_fraction", model=name),
-        "cost_per_1k_usd": snap.gauge("kiln:cost_per_1k_requests_usd", model=name),
+        "cost_per_1k_usd": snap.unit_cost("kiln:cost_per_1k_requests_usd", model=name),
         "cpu_utilisation": _cpu(snap, name),
     }
 
@@ -195,7 +208,7 @@ def llm_figures(snap: Snapshot, name: str) -> dict[str, Any]:
         "tpot_ms": snap.quantiles("kiln:time_per_output_token_seconds", model_name=name),
         "kv_cache_usage": snap.gauge("kiln:kv_cache_usage_perc", model_name=name),
         "output_tokens_per_s": snap.rate("kiln:generation_tokens_total", model_name=name),
-        "cost_per_1m_tokens_usd": snap.gauge("kiln:cost_per_1m_output_tokens_usd", model=name),
+        "cost_per_1m_tokens_usd": snap.unit_cost("kiln:cost_per_1m_output_tokens_usd", model=name),
         **_common(snap, name),
     }
 

@@ -95,9 +95,9 @@ class CanaryController:
             (self.canary if target == self.spec.target else self.baseline).record(ok, latency_s)
 
     def stop(self) -> None:
-        """A manual weight change overrides the schedule."""
-        if self.state == RUNNING:
-            self.state = STOPPED
+        """A manual weight change overrides the schedule, and a finished canary's
+        share too: a rolled-back one stays at 0 only until someone sets weights."""
+        self.state = STOPPED
 
     def tick(self, now: float) -> Decision | None:
         """The decision due at `now`, if any (applied to the controller's state)."""

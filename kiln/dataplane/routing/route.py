@@ -39,7 +39,8 @@ class Route:
             return dict(self.manual)
         others = {t: w for t, w in self.manual.items() if t != canary.target}
         total = sum(others.values())
-        weights = {t: (100.0 - canary.share) * w / total for t, w in others.items()}
+        # No baseline weight left (a 100% canary): the canary is the route.
+        weights = {t: (100.0 - canary.share) * w / total if total > 0 else 0.0 for t, w in others.items()}
         weights[canary.target] = canary.share
         return {t: weights[t] for t in self.manual}
 
@@ -67,6 +68,9 @@ class Route:
         merged = {**self.weights(), **weights}
         if not any(w > 0 for w in merged.values()):
             raise ConfigError(f"route '{self.name}' needs at least one target with a positive weight")
+        both = [t for t in weights if Target.parse(t) in self.shadows]
+        if both:
+            raise ConfigError(f"route '{self.name}': '{both[0]}' cannot be both a target and a shadow of one route")
         self.manual = merged
         self.targets = {t: Target.parse(t) for t in merged}
         if self.canary is not None:

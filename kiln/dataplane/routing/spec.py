@@ -49,6 +49,8 @@ def _targets(value: dict[str, Any], what: str) -> dict[str, float]:
             target = str(Target.parse(text))
         except ConfigError as exc:
             raise ValueError(exc.message) from None
+        if target in out:  # "dbl@1" and "dbl@01": one weight would silently win
+            raise ValueError(f"{text!r} names the same target as another entry ({target!r}): give each once")
         out[target] = _number(number, f"the {what} of {text!r}")
     return out
 

@@ -113,3 +113,18 @@ def test_a_gpu_listed_under_several_models_counts_once():
     util.labels("a", "1").set(0.25)
     gpus = LiveStats(registry).read([], [], {})["server"]["gpus"]
     assert [(g["device"], g["utilisation"]) for g in gpus] == [("0", 0.5), ("1", 0.25)]
+
+
+def test_a_models_cost_per_request_over_its_versions_is_total_cost_over_total_requests():
+    # Version 1: busy 0.3 of the window at $0.006 per 1k; version 2: busy 0.1 at $0.002.
+    # Their costs are 3:1 (busy shares), their requests 0.3/0.006 : 0.1/0.002 = 50 : 50, so the
+    # model's figure is 0.4 / (50 + 50) = $0.004 per 1k (the sum of the two said $0.008).
+    registry = CollectorRegistry()
+    busy = Gauge("kiln:model_busy_fraction", "", ["model", "version"], registry=registry)
+    per_1k = Gauge("kiln:cost_per_1k_requests_usd", "", ["model", "version"], registry=registry)
+    for version, b, c in (("1", 0.3, 0.006), ("2", 0.1, 0.002)):
+        busy.labels("m", version).set(b)
+        per_1k.labels("m", version).set(c)
+    out = LiveStats(registry, window_s=10.0, clock=Clock()).read([], ["m"], {})
+    assert out["models"]["m"]["cost_per_1k_usd"] == pytest.approx(0.004)
+    assert out["models"]["m"]["busy_fraction"] == pytest.approx(0.4)  # busy shares do add up

@@ -5,6 +5,7 @@ import pytest
 from kiln.dataplane.routing.canary import COMPLETE, ROLLED_BACK, RUNNING, STOPPED, CanaryController
 from kiln.dataplane.routing.route import Route
 from kiln.dataplane.routing.spec import CanarySpec, RouteSpec
+from kiln.errors import ConfigError
 
 
 def spec(**overrides) -> CanarySpec:
@@ -118,3 +119,28 @@ def test_manual_weights_stop_the_canary():
     assert route.weights() == {"m@1": 90.0, "m@2": 30.0}
     feed(route.canary, 50, canary_ok=False)
     assert route.tick(1000.0) is None
+
+
+@pytest.mark.parametrize("finish", ["rollback", "complete"])
+def test_manual_weights_act_on_a_finished_canary_too(finish):
+    # Rolled back (the docs: at 0 "until someone acts ... or PATCH its weights") or
+    # complete, the canary's share overrode every later PATCH: a 200 that changed nothing.
+    route = Route("chat", RouteSpec(targets={"m@1": 1, "m@2": 0}, canary=spec(steps=(50, 100), min_requests=1)),
+                  now=0.0)
+    feed(route.canary, 1, canary_ok=finish != "rollback")
+    for now in (60.0, 120.0):
+        route.tick(now)
+    assert route.canary.state == (ROLLED_BACK if finish == "rollback" else COMPLETE)
+    route.set_weights({"m@1": 1, "m@2": 3})
+    assert route.canary.state == STOPPED and route.weights() == {"m@1": 1.0, "m@2": 3.0}
+    assert route.chooser.weights == {"m@1": 1.0, "m@2": 3.0}
+
+
+def test_a_canary_at_100_with_no_baseline_weight_left():
+    # steps [100] completes at once; a baseline at weight 0 divided by zero on the next change.
+    route = Route("c2", RouteSpec(targets={"fast": 1, "slow": 0}, canary=spec(target="slow", steps=(100,))), now=0.0)
+    assert route.weights() == {"fast": 0.0, "slow": 100.0}
+    route.set_weights({"slow": 100})
+    assert route.weights() == {"fast": 0.0, "slow": 100.0} and route.canary.state == STOPPED
+    with pytest.raises(ConfigError, match="cannot be both a target and a shadow"):
+        Route("ab", RouteSpec(targets={"m@1": 1}, shadow={"m@3": 1.0}), now=0.0).set_weights({"m@3": 5})

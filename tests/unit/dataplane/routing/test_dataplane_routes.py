@@ -207,6 +207,8 @@ def test_kserve_on_a_route(tmp_path):
         ready, config, versions = plane.model_ready("r"), plane.model_config("r"), plane.model_versions("r")
         with pytest.raises(InvalidRequestError, match="'r' is a route"):
             await plane.infer(request(version="2"))
+        with pytest.raises(InvalidRequestError, match="'r' is a route"):  # ready said yes to any version
+            plane.model_ready("r", "99")
         streamed = [r async for r in plane.stream_infer(request(), route_key="k")]
         with pytest.raises(ConfigError, match="is a route"):
             await plane.load_model("r")

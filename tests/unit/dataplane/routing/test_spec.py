@@ -50,6 +50,7 @@ def test_targets_parse_and_print_back():
     ({"targets": {"a": True}}, "must be a finite number"),
     ({"targets": {"a": float("inf")}}, "must be a finite number"),
     ({"targets": {"a@0": 1}}, "invalid route target"),
+    ({"targets": {"a@1": 1, "a@01": 5}}, "'a@01' names the same target as another entry"),  # one weight won
     ({"targets": {"a": 1}, "shadow": {"a": 1}}, "both a target and a shadow"),
     ({"targets": {"a": 1}, "shadow": {"b": 0}}, "shadow fraction"),
     ({"targets": {"a": 1}, "canary": {"target": "b", "steps": [10]}}, "must be one of the route's targets"),
