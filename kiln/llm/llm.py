@@ -1,10 +1,11 @@
 """Offline batch generation: `LLM(model).generate(prompts, params)`."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -76,36 +77,49 @@ class LLM:
     ) -> list[RequestOutput]:
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
-        ids = []
-        for prompt, p in zip(prompts, params, strict=False):
-            rid = f"offline-{self._counter}"
-            self._counter += 1
-            self.engine.add_request(rid, prompt, p)
-            ids.append(rid)
+        ids = self._submit([(prompt, p, None) for prompt, p in zip(prompts, params, strict=False)])
         finished: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished() or len(finished) < len(ids):
-            for out in self.engine.step():
-                if out.finished:
-                    finished[out.request_id] = out
-            if not self.engine.has_unfinished() and len(finished) < len(ids):
-                break
+        with self._aborted_on_error(ids):
+            while self.engine.has_unfinished() or len(finished) < len(ids):
+                for out in self.engine.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+                if not self.engine.has_unfinished() and len(finished) < len(ids):
+                    break
         return [finished[rid] for rid in ids]
 
     def embed(self, prompts: Prompt | Sequence[Prompt], pooling: str = "last") -> list[list[float]]:
         """Pooled final hidden state of each prompt ("last" token or "mean"), not normalised."""
         prompts = _as_prompt_list(prompts)
-        ids = []
-        for prompt in prompts:
-            rid = f"offline-{self._counter}"
-            self._counter += 1
-            self.engine.add_request(rid, prompt, SamplingParams(max_tokens=1), pooling=pooling)
-            ids.append(rid)
+        ids = self._submit([(prompt, SamplingParams(max_tokens=1), pooling) for prompt in prompts])
         vectors: dict[str, list[float]] = {}
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished and out.embedding is not None:
-                    vectors[out.request_id] = out.embedding
+        with self._aborted_on_error(ids):
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.finished and out.embedding is not None:
+                        vectors[out.request_id] = out.embedding
         return [vectors[rid] for rid in ids]
+
+    def _submit(self, requests: list[tuple[Prompt, SamplingParams, str | None]]) -> list[str]:
+        """Add every request or none: one refused aborts those added before it, which
+        would otherwise run in the next call (holding KV blocks meanwhile)."""
+        ids: list[str] = []
+        with self._aborted_on_error(ids):
+            for prompt, params, pooling in requests:
+                rid = f"offline-{self._counter}"
+                self._counter += 1
+                self.engine.add_request(rid, prompt, params, pooling=pooling)
+                ids.append(rid)
+        return ids
+
+    @contextlib.contextmanager
+    def _aborted_on_error(self, ids: list[str]) -> Iterator[None]:
+        """An error (or Ctrl-C) while these requests run leaves none of them queued."""
+        try:
+            yield
+        except BaseException:
+            self.engine.abort(ids)
+            raise
 
     def shutdown(self) -> None:
         """Stop the worker processes of a tensor/pipeline-parallel engine."""

@@ -13,6 +13,9 @@ MAX_CACHE_SALT_CHARS = 256
 # value, signed or not); counts and token ids are int32 on the device.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 INT32_MAX = 2**31 - 1
+# The lowest temperature above 0 that is sampled as given: logits / 1e-38 overflow
+# to inf and the softmax to NaN (every token came out 0). Below it, this, as vLLM.
+MIN_TEMPERATURE = 0.01
 
 
 @dataclass
@@ -20,7 +23,8 @@ class SamplingParams:
     """How to pick tokens for one request.
 
     Invariant after __post_init__: every field is within range, and
-    `stop` / `stop_token_ids` are lists. Greedy when temperature == 0.
+    `stop` / `stop_token_ids` are lists. Greedy when temperature == 0; a
+    temperature in (0, MIN_TEMPERATURE) is raised to MIN_TEMPERATURE.
     """
 
     max_tokens: int = 16
@@ -57,6 +61,8 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
 
     def _validate(self) -> None:
         def bad(param: str, why: str) -> None:

@@ -14,6 +14,7 @@ from kiln.llm.tokenizer import Tokenizer
 Prompt = str | list[int] | Mapping[str, str | list[int]]
 PROMPT_KEYS = ("prompt", "prompt_token_ids")
 PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
+POOLINGS = ("last", "mean")
 
 
 class InputProcessor:
@@ -42,7 +43,8 @@ class InputProcessor:
         ids = list(prompt)
         if not ids:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        # True is an int to isinstance: [True, False, 504] was taken as [1, 0, 504].
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(
                 f"prompt token ids must be in [0, {self.vocab_size}); got {bad[:3]}", param="prompt"
@@ -52,6 +54,8 @@ class InputProcessor:
     def process(
         self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0, pooling: str | None = None
     ):
+        if pooling is not None and pooling not in POOLINGS:
+            raise InvalidRequestError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}", param="pooling")
         text, ids = self.tokenize(prompt)
         self.check_length(len(ids), params.max_tokens)
         bad_bias = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]

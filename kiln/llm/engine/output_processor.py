@@ -60,40 +60,64 @@ class OutputProcessor:
             state = self.states.get(out.request_id)
             if state is None:
                 continue  # already finished here (stop string) or dropped
-            new_ids = list(out.new_token_ids)
-            state.token_ids.extend(new_ids)
-            if state.logprobs is not None and out.new_logprobs:
-                state.logprobs.extend(out.new_logprobs)
+            new_ids, new_logprobs = list(out.new_token_ids), out.new_logprobs
             if state.prompt_logprobs is not None and out.prompt_logprobs:
                 state.prompt_logprobs.extend(out.prompt_logprobs)
             state.num_cached_tokens = out.num_cached_tokens
             skip_text = out.stop_token_id is not None and out.stop_token_id in new_ids[-1:]
-            state.detok.add(new_ids[:-1] if skip_text else new_ids)
-            if out.finish_reason is not None:
-                state.detok.finish()  # flush bytes held back for a partial character
-            state.text = state.detok.text
-            if out.finish_reason is not None:
-                state.finish_reason = out.finish_reason
-                state.stop_reason = out.stop_token_id
+            text_ids = new_ids[:-1] if skip_text else new_ids
             # A stop string in the last tokens wins over the core's finish (length,
             # a stop token after it), as in vLLM: the text ends before the string.
-            stopped_here = out.finish_reason in (None, "length", "stop") and self._check_stop_strings(state)
-            if stopped_here and out.finish_reason is None:
-                to_abort.append(out.request_id)
-            result = self._make_output(state, new_ids, out.new_logprobs)
+            checks_stops = bool(state.params.stop) and out.finish_reason in (None, "length", "stop")
+            kept = self._add_text(state, text_ids, out.finish_reason is not None, checks_stops)
+            if kept is not None:  # the tokens after the one that ended a stop string are not output
+                new_ids = new_ids[:kept]
+                new_logprobs = new_logprobs[:kept] if new_logprobs else new_logprobs
+                if out.finish_reason is None:
+                    to_abort.append(out.request_id)
+            elif out.finish_reason is not None:
+                state.finish_reason, state.stop_reason = out.finish_reason, out.stop_token_id
+            state.token_ids.extend(new_ids)
+            if state.logprobs is not None and new_logprobs:
+                state.logprobs.extend(new_logprobs)
+            result = self._make_output(state, new_ids, new_logprobs)
             result.embedding = out.embedding
             results.append(result)
             if state.finish_reason is not None:
                 del self.states[out.request_id]
         return results, to_abort
 
-    def _check_stop_strings(self, state: RequestState) -> bool:
+    def _add_text(self, state: RequestState, ids: list[int], finishing: bool, checks_stops: bool) -> int | None:
+        """Detokenize `ids`; with stop strings to check, one token at a time (a draft's
+        accepted tokens come several in a step), so that none counts before its token
+        is past min_tokens and none after it is output. Returns how many of `ids` are
+        kept when a stop string ended the request, else None."""
+        if not checks_stops:
+            state.detok.add(ids)
+            if finishing:
+                state.detok.finish()  # flush bytes held back for a partial character
+            state.text = state.detok.text
+            return None
+        for i, token_id in enumerate(ids):
+            state.detok.add([token_id])
+            state.text = state.detok.text
+            if self._check_stop_strings(state, len(state.token_ids) + i + 1):
+                return i + 1
+        if finishing:
+            state.detok.finish()
+            state.text = state.detok.text
+            if self._check_stop_strings(state, len(state.token_ids) + len(ids)):  # the flushed characters
+                return len(ids)
+        return None
+
+    def _check_stop_strings(self, state: RequestState, num_tokens: int) -> bool:
+        """Whether the text of the first `num_tokens` output tokens ends in a stop string (it is then cut)."""
         stops = state.params.stop
         if not stops:
             return False
-        if len(state.token_ids) < state.params.min_tokens:
-            # Below min_tokens no stop string counts (as no stop token does), nor
-            # later does one that ended in this text.
+        if num_tokens <= state.params.min_tokens:
+            # Up to min_tokens no stop string counts (as no stop token can be one of
+            # them), nor later does one that ended in this text.
             state.stop_floor = len(state.text)
             return False
         # Only text near the end can contain a stop string that is new.

@@ -130,7 +130,24 @@ def test_bad_requests_are_rejected_before_the_engine(llm):
         llm.generate([[1, 2, 10**9]], SamplingParams())
     with pytest.raises(InvalidRequestError, match="temperature"):
         SamplingParams(temperature=-1)
+    with pytest.raises(InvalidRequestError, match="token ids"):  # True is an int to isinstance
+        llm.generate([[True, False, 504]], SamplingParams())
+    with pytest.raises(InvalidRequestError, match=r"pooling must be one of \['last', 'mean'\], got 'max'"):
+        llm.embed(["hi"], pooling="max")
     assert idle(llm)
+
+
+def test_a_refused_prompt_leaves_none_of_its_batch_queued(llm):
+    # The good prompts before the bad one were added and left queued: the next call
+    # ran them all first (5 s for a one-token answer), holding their KV blocks meanwhile.
+    with pytest.raises(InvalidRequestError, match="token ids"):
+        llm.generate(["a valid prompt"] * 8 + [[10**9]], SamplingParams(max_tokens=200))
+    assert idle(llm) and not llm.engine.has_unfinished()
+    with pytest.raises(InvalidRequestError):
+        llm.embed(["fine", ""])
+    assert idle(llm) and not llm.engine.has_unfinished()
+    (out,) = llm.generate(["hi"], SamplingParams(max_tokens=1))
+    assert len(out.outputs[0].token_ids) == 1
 
 
 def test_config_and_load_errors(tmp_path):

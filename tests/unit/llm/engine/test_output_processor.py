@@ -108,12 +108,26 @@ def test_min_tokens_holds_off_stop_strings_as_it_holds_off_stop_tokens():
     # "D yy" ends the third token's text, so it is still held back at the fourth: not a stop either
     _, last, _ = feed(processor(stop=["D yy"], min_tokens=4), *pieces)
     assert last.outputs[0].text == "xx END yyHello" and last.outputs[0].finish_reason == "length"
-    # a stop string that ends at or after min_tokens still ends the request
-    _, last, aborts = feed(processor(stop=["END"], min_tokens=3), *STOP_STRING_PIECES)
+    # as no stop token can be token min_tokens, no stop string can end in it (vLLM: checked
+    # once the output is longer than min_tokens); one ending in the token after it counts
+    _, last, _ = feed(processor(stop=["END"], min_tokens=3), *pieces)
+    assert last.outputs[0].finish_reason == "length"
+    _, last, aborts = feed(processor(stop=["END"], min_tokens=2), *STOP_STRING_PIECES)
     assert (last.outputs[0].text, last.outputs[0].stop_reason, aborts[-1]) == ("xx ", "END", ["r"])
-    # one that begins before min_tokens and ends after it counts too (vLLM looks back a stop's length)
-    _, last, _ = feed(processor(stop=["yyHe"], min_tokens=4), *pieces)
+    # one that begins by token min_tokens and ends after it counts too (vLLM looks back a stop's length)
+    _, last, _ = feed(processor(stop=["yyHe"], min_tokens=3), *pieces)
     assert (last.outputs[0].text, last.outputs[0].stop_reason) == ("xx END ", "yyHe")
+
+
+def test_stop_strings_in_a_step_of_several_tokens_count_token_by_token():
+    # Speculative decoding hands several accepted tokens over at once: the tokens after
+    # the one that ends a stop string are not output, and min_tokens holds per token.
+    _, last, aborts = feed(processor(stop=["END"]), EngineCoreOutput("r", [8, 9, 10, 11, 1]))
+    assert (last.outputs[0].text, last.outputs[0].token_ids, aborts) == ("xx ", [8, 9, 10], [["r"]])
+    assert last.delta_token_ids == [8, 9, 10]
+    several = [EngineCoreOutput("r", [8, 9, 10, 1]), EngineCoreOutput("r", [2], finish_reason="length")]
+    _, last, aborts = feed(processor(stop=["END"], min_tokens=3), *several)
+    assert (last.outputs[0].text, last.outputs[0].finish_reason, aborts) == ("xx END yyHello", "length", [[], []])
 
 
 def test_logprobs_pass_through_and_accumulate():

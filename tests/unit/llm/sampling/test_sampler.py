@@ -120,6 +120,15 @@ def test_top_k_one_is_greedy():
     assert [t.token_id for t in toks] == lg.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 1e-38, 1e-6, 0.009])
+def test_a_tiny_temperature_samples_as_the_lowest_one_not_nan(temperature):
+    # logits / 1e-38 overflowed to inf, the softmax to NaN, and every row drew token 0.
+    assert SamplingParams(temperature=temperature).temperature == 0.01
+    lg = logits(8)
+    toks = Sampler()(lg, [req(str(i), temperature=temperature, seed=i) for i in range(8)])
+    assert [t.token_id for t in toks] == lg.argmax(-1).tolist()  # gaps of ~1 over 0.01: argmax
+
+
 def test_penalties_match_reference_formulas():
     lg = logits(1)
     prompt, out = [1, 2], [2, 3, 3]
