@@ -37,6 +37,12 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def known_datatype(value: str) -> str:
+    if value not in DATATYPES:
+        raise ValueError(f"datatype {value!r} is not one of {list(DATATYPES)}")
+    return value
+
+
 class TensorSpec(_Frozen):
     """An input or output: dims exclude the batch dim; -1 = variable."""
 
@@ -48,9 +54,7 @@ class TensorSpec(_Frozen):
     @field_validator("datatype")
     @classmethod
     def _datatype(cls, value: str) -> str:
-        if value not in DATATYPES:
-            raise ValueError(f"datatype must be one of {list(DATATYPES)}")
-        return value
+        return known_datatype(value)
 
     @field_validator("dims")
     @classmethod
@@ -135,9 +139,7 @@ class WarmupInput(_Frozen):
     @field_validator("datatype")
     @classmethod
     def _datatype(cls, value: str) -> str:
-        if value not in DATATYPES:
-            raise ValueError(f"datatype {value!r} is not one of {list(DATATYPES)}")
-        return value
+        return known_datatype(value)
 
     @field_validator("dims")
     @classmethod
