@@ -36,6 +36,18 @@ def row_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices if indices is None else indices
 
 
+def folded_seed(seed: int) -> int:
+    """A 64-bit seed (signed or not) for torch's CPU generator, which keeps only a
+    seed's low 32 bits (1, 2**32 + 1 and 2**63 + 1 drew alike): the high half is
+    mixed into the low one. Seeds in [0, 2**32) are kept as they are, so their
+    samples do not change."""
+    value = seed % 2**64
+    if value < 2**32:
+        return value
+    high, low = value >> 32, value & 0xFFFFFFFF
+    return (low ^ (high * 0x9E3779B1)) & 0xFFFFFFFF  # Knuth's multiplicative hash spreads the high half
+
+
 class Sampler:
     def __init__(self, device: torch.device | str = "cpu", seed: int = 0):
         self.device = torch.device(device)
@@ -137,7 +149,7 @@ class Sampler:
         gen = self._request_generators.get(request.request_id)
         if gen is None:
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
+            gen.manual_seed(folded_seed(seed) if self.device.type == "cpu" else seed)
             self._request_generators[request.request_id] = gen
         return gen
 

@@ -6,7 +6,7 @@ import torch
 from kiln.errors import InvalidRequestError
 from kiln.llm.request import Request
 from kiln.llm.sampling.penalties import apply_penalties, apply_top_k_top_p_min_p
-from kiln.llm.sampling.sampler import Sampler, row_argmax
+from kiln.llm.sampling.sampler import Sampler, folded_seed, row_argmax
 from kiln.llm.sampling_params import SamplingParams
 
 V = 32
@@ -75,6 +75,16 @@ def test_seeded_request_is_reproducible_whatever_the_batch():
     assert draws(5, 99) == alone
     assert draws(3, 7) == alone
     assert len(set(alone)) > 1  # it really samples
+
+
+def test_seeds_that_differ_above_32_bits_draw_differently():
+    # torch's CPU generator keeps a seed's low 32 bits: these four drew the same tokens.
+    seeds = (1, 2**32 + 1, 2**63 + 1, 2**40 + 1)
+    assert len({folded_seed(s) for s in seeds}) == 4 and folded_seed(7) == 7
+    assert folded_seed(-(2**63) + 1) == folded_seed(2**63 + 1)  # one 64-bit value, signed or not
+    lg = logits(1).repeat(64, 1) / 4  # a flat distribution: different generators disagree somewhere
+    draws = [tuple(t.token_id for t in Sampler()(lg, [req(str(i), seed=s) for i in range(64)])) for s in seeds]
+    assert len(set(draws)) == 4
 
 
 def test_unseeded_requests_differ_between_rows():
