@@ -57,7 +57,7 @@ class InputProcessor:
         if pooling is not None and pooling not in POOLINGS:
             raise InvalidRequestError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}", param="pooling")
         text, ids = self.tokenize(prompt)
-        self.check_length(len(ids), params.max_tokens)
+        self.check_length(len(ids), params.max_tokens, prefill_only=pooling is not None or params.max_tokens == 0)
         bad_bias = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
         if bad_bias:
             raise InvalidRequestError(f"logit_bias token ids out of range: {bad_bias[:3]}", param="logit_bias")
@@ -79,7 +79,15 @@ class InputProcessor:
         )
         return text, msg
 
-    def check_length(self, num_prompt_tokens: int, max_tokens: int) -> None:
+    def check_length(self, num_prompt_tokens: int, max_tokens: int, prefill_only: bool = False) -> None:
+        """A prefill-only request (an embedding, a prompt scored with max_tokens 0)
+        never holds a position for a token of its own: its prompt may fill the context."""
+        if prefill_only:
+            if num_prompt_tokens > self.max_model_len:
+                raise PromptTooLongError(
+                    f"prompt has {num_prompt_tokens} tokens; this model's maximum context length is "
+                    f"{self.max_model_len} tokens", param="prompt")
+            return
         if num_prompt_tokens >= self.max_model_len:
             raise PromptTooLongError(
                 f"prompt has {num_prompt_tokens} tokens; this model's maximum context length is "

@@ -211,3 +211,18 @@ def test_the_offline_llm_faults_its_kv_pool_in_when_built(llm, tiny_llama_dir, c
     with caplog.at_level("INFO", logger="kiln.llm.llm"):
         LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.02, max_model_len=256)
     assert any("KV pool faulted in" in r.getMessage() for r in caplog.records)
+
+
+def test_a_prefill_only_request_may_fill_the_context(llm):
+    # An embedding or a scored prompt never holds a position for a token of its own:
+    # a prompt of exactly max_model_len was refused as if it did.
+    full = [100 + i % 500 for i in range(llm.engine.max_model_len)]
+    (vector,) = llm.embed([full])
+    assert len(vector) > 0 and all(math.isfinite(v) for v in vector)
+    (scored,) = llm.generate([full], SamplingParams(max_tokens=0, prompt_logprobs=0))
+    assert len(scored.prompt_logprobs) == len(full) and scored.outputs[0].token_ids == []
+    with pytest.raises(PromptTooLongError, match="maximum context length"):
+        llm.embed([full + [100]])
+    with pytest.raises(PromptTooLongError, match="must be shorter"):  # one that generates still needs room
+        llm.generate([full], SamplingParams(max_tokens=1))
+    assert idle(llm)
