@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from kiln.llm.structured.validate import check_spec
 from kiln.metrics.server_metrics import LLMMetricFamilies, ServerMetrics
 from kiln.serving.batching.batcher import request_priority
 from kiln.serving.model import AsyncModel, LoadContext
+from kiln.serving.parameters import flag_parameter, timeout_parameter_s
 from kiln.serving.repository.config import TensorSpec
 from kiln.serving.types import InferRequest, InferResponse
 
@@ -135,12 +136,12 @@ class LLMModel(AsyncModel):
         assert self.served is not None  # _engine() checked it
         priority = request_priority(request)
         self.served.admit(engine, len(rows))
-        texts = await asyncio.gather(*(_complete(engine, prompt, params, priority) for prompt, params in rows))
+        texts = await _all_or_none([_complete(engine, prompt, params, priority) for prompt, params in rows])
         shape = request.inputs["text_input"].shape
         return {"text_output": _bytes_array([t.encode("utf-8") for t in texts], shape)}
 
     def stream(self, request: InferRequest) -> AsyncGenerator[InferResponse, None] | None:
-        if not request.parameters.get("stream"):
+        if not flag_parameter(request.parameters, "stream"):
             return None
         rows = self._rows(request)
         if len(rows) != 1:
@@ -168,6 +169,17 @@ class LLMModel(AsyncModel):
         if self.served is None:
             raise InvalidRequestError("model is not loaded")
         return self.served.ready_engine()
+
+
+async def _all_or_none(rows: list[Coroutine[Any, Any, str]]) -> list[str]:
+    """Every row's text; a row that fails (a prompt too long) cancels the others,
+    which would otherwise generate on for an answer nobody reads."""
+    tasks = [asyncio.ensure_future(row) for row in rows]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _complete(engine: AsyncLLM, prompt: str, params: SamplingParams, priority: int) -> str:
@@ -198,12 +210,31 @@ def _rows(
         raise InvalidRequestError(
             f"max_tokens exceeds this server's limit of {max_tokens_limit} (max_tokens_limit)", param="max_tokens")
     temperature = _column(request, "temperature", len(prompts), 0.0)
+    _check_parameters(request.parameters)
     structured = _structured(request.parameters)
     salt = _cache_salt(request.parameters)
     return [
         (_text(p), SamplingParams(max_tokens=int(m), temperature=float(t), structured=structured, cache_salt=salt))
         for p, m, t in zip(prompts, max_tokens, temperature, strict=True)
     ]
+
+
+# Sampling settings an OpenAI or vLLM client would send as request parameters: an
+# llm model takes max_tokens and temperature as input tensors and no others, so
+# any of these as a parameter is a 400 rather than silently unused.
+SAMPLING_NAMES = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "seed", "n",
+                  "best_of", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
+                  "ignore_eos", "min_tokens", "logit_bias", "guided_choice", "response_format")
+
+
+def _check_parameters(parameters: dict[str, Any]) -> None:
+    unused = [name for name in SAMPLING_NAMES if name in parameters]
+    if unused:
+        raise InvalidRequestError(
+            f"parameter {unused[0]!r} is not read by an llm model: max_tokens and temperature are its input "
+            f"tensors, structured output is {', '.join(GUIDED)} (string parameters); the OpenAI API at "
+            "/v1/completions takes every sampling setting", param=unused[0])
+    timeout_parameter_s(parameters, 0.0)  # checked as on every KServe model; an llm request has no queue timeout
 
 
 def _cache_salt(parameters: dict[str, Any]) -> str | None:

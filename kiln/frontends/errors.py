@@ -12,9 +12,10 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from kiln.errors import InvalidRequestError, KilnError
 
@@ -74,6 +75,12 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"{message}: {request.method} {request.url.path}"
         error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return JSONResponse(error_body(message, error_type, None, exc.status_code), exc.status_code, exc.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # The client left while its body was being read: nobody to answer, nothing to log
+        # (as a disconnect during a stream). 499 is the conventional code for it.
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

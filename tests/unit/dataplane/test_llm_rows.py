@@ -50,3 +50,42 @@ def test_a_cache_salt_parameter_reaches_every_row_and_is_checked():
     for bad in (7, ""):
         with pytest.raises(InvalidRequestError, match="cache_salt"):
             _rows(InferRequest("tiny", request().inputs, parameters={"cache_salt": bad}))
+
+
+@pytest.mark.parametrize(("parameters", "named"), [
+    ({"max_tokens": 5}, "'max_tokens' is not read by an llm model"),  # was a 200 with the default 64 tokens
+    ({"temperature": "hot"}, "'temperature'"),
+    ({"stop": "."}, "'stop'"),
+    ({"guided_choice": "a"}, "'guided_choice'"),  # vLLM's name; the output was silently unconstrained
+    ({"timeout": -1}, "parameter 'timeout' must be a non-negative number"),
+    ({"timeout": "abc"}, "parameter 'timeout'"),
+])
+def test_parameters_it_would_not_read_are_refused_by_name(parameters, named):
+    with pytest.raises(InvalidRequestError, match=named):
+        _rows(InferRequest("tiny", request().inputs, parameters=parameters))
+
+
+def test_a_failing_row_cancels_its_siblings():
+    import asyncio
+
+    from kiln.dataplane.llm_model import _all_or_none
+
+    async def main():
+        started = asyncio.Event()
+
+        async def endless() -> str:
+            started.set()
+            await asyncio.sleep(3600)
+            return "never"
+
+        async def fails() -> str:
+            await started.wait()
+            raise InvalidRequestError("prompt too long")
+
+        sibling = endless()
+        with pytest.raises(InvalidRequestError):
+            await _all_or_none([sibling, fails()])
+        await asyncio.sleep(0)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(main()) == []  # the endless row was cancelled, not left generating

@@ -73,3 +73,27 @@ def test_infer_requests_are_answered_in_front_of_fastapis_stack(monkeypatch):
     assert client.post("/v2/models/m/versions/1/infer", json=body).status_code == 503
     assert client.get("/v2/models/m/ready").status_code == 503
     assert behind == [("GET", "/v2/models/m/ready")]
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_not_a_server_error(caplog):
+    # It was logged as "unhandled error" with two tracebacks (ours and uvicorn's).
+    import asyncio
+
+    client, _ = loading_app()
+    app = client.app
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "headers": [(b"content-type", b"application/json"), (b"content-length", b"500")],
+             "http_version": "1.1", "scheme": "http", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000),
+             "root_path": "", "app": app}
+    messages = [{"type": "http.request", "body": b'{"prompt": "hi"', "more_body": True}, {"type": "http.disconnect"}]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 499
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

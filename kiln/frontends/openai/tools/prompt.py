@@ -58,8 +58,10 @@ def with_tools_described(messages: list[dict[str, Any]], tools: list[Tool]) -> l
 
 
 def message_dict(message: Any, knows_tools: bool) -> dict[str, Any]:
-    """One ChatMessage as the template sees it."""
-    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    """One ChatMessage as the template sees it: OpenAI's `developer` as `system`, the
+    role templates know (one that only knows `system` dropped it or refused it)."""
+    role = "system" if message.role == "developer" else message.role
+    out: dict[str, Any] = {"role": role, "content": message.text()}
     if message.name:
         out["name"] = message.name
     if message.tool_calls:

@@ -94,3 +94,14 @@ def test_an_answer_without_calls_is_the_text_it_streams(parser):
     text = "  The answer is *}\n"
     streamed_text = "".join(e.text for e in streamed(make_stream(parser), text, 3) if isinstance(e, Content))
     assert parse(make_stream(parser), text).content == text == streamed_text
+
+
+def test_a_developer_message_reaches_the_template_as_system():
+    # Templates know `system`: Qwen's dropped a `developer` turn for its default system
+    # prompt, Gemma's refused it ("roles must alternate").
+    from kiln.frontends.openai.protocol import ChatMessage
+    from kiln.frontends.openai.tools.prompt import message_dict
+
+    for knows_tools in (True, False):
+        assert message_dict(ChatMessage(role="developer", content="Answer in French"), knows_tools) == {
+            "role": "system", "content": "Answer in French"}
