@@ -17,6 +17,7 @@ from kiln.frontends.openai.limits import (
     MAX_CONTENT_PARTS,
     MAX_MESSAGES,
     MAX_TOOL_CALLS,
+    MAX_TOOLS,
     CacheSalt,
     Int32,
     LogitBias,
@@ -32,7 +33,7 @@ from kiln.frontends.openai.limits import (
 )
 from kiln.frontends.openai.strict import Strict
 from kiln.frontends.openai.structured import StructuredFields
-from kiln.frontends.openai.tools.protocol import ToolCall, ToolFields
+from kiln.frontends.openai.tools.protocol import Tool, ToolCall, ToolFields
 
 
 class StreamOptions(Strict):
@@ -118,6 +119,7 @@ class TokenizeRequest(Strict):
     model: str | None = None
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None  # as the chat prompt renders them
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 

@@ -18,9 +18,11 @@ async def tokenize(dataplane: DataPlane, request: Request) -> dict:
     if (req.prompt is None) == (req.messages is None):
         raise InvalidRequestError("give exactly one of prompt and messages", param="prompt")
     if req.prompt is not None:
+        if req.tools:
+            raise InvalidRequestError("tools go with messages (the chat prompt), not a prompt", param="tools")
         ids = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     else:
-        ids = chat_prompt_ids(engine.tokenizer, req.messages or [], req.add_generation_prompt)
+        ids = chat_prompt_ids(engine.tokenizer, req.messages or [], req.add_generation_prompt, req.tools)
     return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
 
 

@@ -114,6 +114,11 @@ def test_tool_result_in_the_conversation(client, server):
     assert out.choices[0].message.content
     without_result = server.post("/tokenize", json={"messages": messages[:2]}).json()["count"]
     assert out.usage.prompt_tokens > without_result  # the tool result is in the prompt
+    # /tokenize renders the tools as the chat prompt does (vLLM's field; it was a 400 "unknown field")
+    assert server.post("/tokenize", json={"messages": messages, "tools": tools}).json()["count"] == (
+        out.usage.prompt_tokens)
+    refused = server.post("/tokenize", json={"prompt": "hi", "tools": tools})
+    assert refused.status_code == 400 and "tools go with messages" in refused.text
 
 
 def test_embeddings_float_and_base64_agree(client):
