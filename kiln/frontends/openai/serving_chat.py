@@ -27,7 +27,13 @@ from kiln.frontends.openai.streams import (
 )
 from kiln.frontends.openai.structured import grammar_spec
 from kiln.frontends.openai.tools.choice import ToolPlan, check_against_structured, plan_tools
-from kiln.frontends.openai.tools.prompt import message_dict, template_knows_tools, tool_dicts, with_tools_described
+from kiln.frontends.openai.tools.prompt import (
+    message_dict,
+    template_knows_tools,
+    tool_dicts,
+    tools_in_first_turn,
+    with_tools_described,
+)
 from kiln.frontends.openai.tools.protocol import Tool
 from kiln.frontends.routing import report_target, route_key, with_target
 from kiln.frontends.sse import SSEResponse
@@ -43,7 +49,14 @@ def chat_prompt_ids(
     knows_tools = template_knows_tools(tokenizer.chat_template)
     plain = [message_dict(m, knows_tools) for m in messages]
     if tools and not knows_tools:
-        plain = with_tools_described(plain, tools)
+        try:
+            return tokenizer.apply_chat_template(with_tools_described(plain, tools), add_generation_prompt)
+        except InvalidRequestError:
+            if plain and plain[0]["role"] == "system":
+                raise  # the client's own system message: the template's refusal is theirs to see
+            # A template with no system role (Gemma 2 raises on one): the description
+            # opens the first user turn instead of a system message of Kiln's own.
+            return tokenizer.apply_chat_template(tools_in_first_turn(plain, tools), add_generation_prompt)
     rendered_tools = tool_dicts(tools) if tools and knows_tools else None
     return tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, tools=rendered_tools)
 

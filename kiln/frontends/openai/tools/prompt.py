@@ -47,14 +47,28 @@ def calls_as_text(calls: list[ToolCall]) -> str:
     )
 
 
+def _described(tools: list[Tool]) -> str:
+    return TOOL_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t.function.model_dump(exclude_none=True))
+                                                     for t in tools))
+
+
 def with_tools_described(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[str, Any]]:
     """Kiln's tool description merged into (or placed as) the system message."""
-    described = TOOL_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t.function.model_dump(exclude_none=True))
-                                                          for t in tools))
+    described = _described(tools)
     if messages and messages[0]["role"] in ("system", "developer"):
         first = {**messages[0], "content": f"{messages[0]['content']}\n\n{described}"}
         return [first, *messages[1:]]
     return [{"role": "system", "content": described}, *messages]
+
+
+def tools_in_first_turn(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[str, Any]]:
+    """Kiln's tool description at the top of the first user turn (templates without a system role)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if first is None:
+        return with_tools_described(messages, tools)  # nowhere else to put it: the template's error stands
+    out = list(messages)
+    out[first] = {**messages[first], "content": f"{_described(tools)}\n\n{messages[first]['content']}"}
+    return out
 
 
 def message_dict(message: Any, knows_tools: bool) -> dict[str, Any]:
