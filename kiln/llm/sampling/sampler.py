@@ -23,7 +23,7 @@ from kiln.llm.request import Request
 from kiln.llm.sampling.output import SampledToken
 from kiln.llm.sampling.penalties import apply_penalties, apply_top_k_top_p_min_p
 from kiln.llm.sampling.transfer import to_device
-from kiln.llm.sampling_params import SamplingParams
+from kiln.llm.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from kiln.llm.structured.masks import StepMasks
 
 
@@ -41,6 +41,8 @@ def folded_seed(seed: int) -> int:
     seed's low 32 bits (1, 2**32 + 1 and 2**63 + 1 drew alike): the high half is
     mixed into the low one. Seeds in [0, 2**32) are kept as they are, so their
     samples do not change."""
+    if not SEED_MIN <= seed <= SEED_MAX:
+        return seed  # not a 64-bit value: torch refuses it, and the request fails alone (engine/core.py)
     value = seed % 2**64
     if value < 2**32:
         return value
