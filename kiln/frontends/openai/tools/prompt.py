@@ -55,7 +55,7 @@ def _described(tools: list[Tool]) -> str:
 def with_tools_described(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[str, Any]]:
     """Kiln's tool description merged into (or placed as) the system message."""
     described = _described(tools)
-    if messages and messages[0]["role"] in ("system", "developer"):
+    if messages and messages[0]["role"] == "system":  # message_dict made `developer` `system`
         first = {**messages[0], "content": f"{messages[0]['content']}\n\n{described}"}
         return [first, *messages[1:]]
     return [{"role": "system", "content": described}, *messages]
