@@ -78,6 +78,48 @@ UsageSource = Callable[[], dict[ModelKey, UsageReading]]
 RouteTargetSource = Callable[[], list[tuple[str, str, ModelKey]]]
 
 
+class CarriedTotals:
+    """Usage readings kept cumulative when a model version goes away or restarts.
+
+    The window shares its price by busy time, so the busy time a version spent in
+    the window must stay in the sum after it is unloaded (or replaced by a new
+    version), else the versions still loaded take its share: one unload once made
+    another model's cost per 1,000 requests 680x. A version whose counters went
+    down (reloaded) adds its last totals to an offset; one that is gone keeps its
+    last totals, frozen, until `forget` (once the window holds no use of it)."""
+
+    def __init__(self) -> None:
+        self.last: dict[ModelKey, UsageReading] = {}
+        self.offset: dict[ModelKey, tuple[float, float, float]] = {}
+
+    def __call__(self, readings: dict[ModelKey, UsageReading]) -> dict[ModelKey, UsageReading]:
+        for key, reading in readings.items():
+            last = self.last.get(key)
+            if last is not None and any(now < before for now, before in zip(reading[:3], last[:3], strict=True)):
+                self.offset[key] = _plus(self.offset.get(key), last)
+            self.last[key] = reading
+        return {key: _carried(reading, self.offset.get(key)) for key, reading in self.last.items()}
+
+    def gone(self, readings: dict[ModelKey, UsageReading]) -> set[ModelKey]:
+        return set(self.last) - set(readings)
+
+    def forget(self, key: ModelKey) -> None:
+        self.last.pop(key, None)
+        self.offset.pop(key, None)
+
+
+def _plus(offset: tuple[float, float, float] | None, reading: UsageReading) -> tuple[float, float, float]:
+    base = offset or (0.0, 0.0, 0.0)
+    return (base[0] + reading.busy_s, base[1] + reading.requests, base[2] + reading.output_tokens)
+
+
+def _carried(reading: UsageReading, offset: tuple[float, float, float] | None) -> UsageReading:
+    if offset is None:
+        return reading
+    busy, requests, tokens = _plus(offset, reading)
+    return UsageReading(busy, int(requests), int(tokens), reading.llm)
+
+
 class CostCollector(Collector):
     """Busy fraction per model version; with a price, the cost gauges."""
 
@@ -94,16 +136,24 @@ class CostCollector(Collector):
         self.route_targets = route_targets or (lambda: [])
         self.clock = clock
         self.window = SlidingWindow(window_s)
+        self.totals = CarriedTotals()
 
     def sample(self) -> None:
-        self.window.add(self.clock(), _counters(self.usage()))
+        self.window.add(self.clock(), _counters(self.totals(self.usage())))
 
     def costs(self) -> tuple[float, dict[Hashable, Cost], set[ModelKey]]:
-        """(window span, cost of each model version, the LLM keys)."""
-        readings = self.usage()
+        """(window span, cost of each model version, the LLM keys). A version no
+        longer loaded counts while its use lies in the window, then drops out."""
+        loaded = self.usage()
+        readings = self.totals(loaded)
         if not self.window.samples:
             self.window.add(self.clock(), _counters(readings))
         span, deltas = self.window.deltas(self.clock(), _counters(readings))
+        base = self.window.samples[0][1]
+        for key in self.totals.gone(loaded):
+            if key in base and not any(deltas[key]):
+                self.totals.forget(key)
+                del deltas[key]
         usage = {k: (d[0], d[1], d[2]) for k, d in deltas.items()}
         llms = {k for k, r in readings.items() if r.llm}
         return span, attribute_cost(self.price_per_hour or 0.0, span, usage), llms

@@ -82,3 +82,34 @@ def test_without_a_price_only_busy_time_is_exported():
     collector = CostCollector(lambda: {("m", "1"): UsageReading(1.0, 1, 0, llm=False)}, None, 60.0)
     names = {key[0] for key in scrape(collector)}
     assert "kiln:model_busy_fraction" in names and "kiln:cost_per_1k_requests_usd" not in names
+
+
+def test_a_version_unloaded_or_reloaded_keeps_its_share_while_its_use_is_in_the_window():
+    clock = [0.0]
+    usage = {("chat", "1"): UsageReading(0.0, 0, 0, llm=True), ("ranker", "1"): UsageReading(0.0, 0, 0, llm=False)}
+    collector = CostCollector(lambda: dict(usage), price_per_hour=3.6, window_s=60.0, clock=lambda: clock[0])
+    collector.sample()
+    clock[0] = 10.0  # $3.60/h for 10 s = $0.01: chat busy 9 s, ranker 1 s
+    usage[("chat", "1")] = UsageReading(9.0, 3, 30, llm=True)
+    usage[("ranker", "1")] = UsageReading(1.0, 10, 0, llm=False)
+    collector.sample()
+    ranker = ("kiln:cost_per_1k_requests_usd", ("model", "ranker"), ("version", "1"))
+    chat = ("kiln:cost_per_1k_requests_usd", ("model", "chat"), ("version", "1"))
+    before = scrape(collector)[ranker]
+    assert before == pytest.approx(1000 * 0.001 / 10)
+    del usage[("chat", "1")]  # unloaded: its 9 busy seconds stay in the window's sum
+    assert scrape(collector)[ranker] == pytest.approx(before)
+    assert scrape(collector)[chat] == pytest.approx(1000 * 0.009 / 3)
+    usage[("chat", "1")] = UsageReading(1.0, 1, 5, llm=True)  # loaded again: counters restart from zero
+    clock[0] = 20.0  # $0.02: chat 9 + 1 s, ranker 1 s
+    values = scrape(collector)
+    assert values[chat] == pytest.approx(1000 * 0.02 * 10 / 11 / 4)
+    assert values[ranker] == pytest.approx(1000 * 0.02 * 1 / 11 / 10)
+    del usage[("chat", "1")]
+    collector.sample()
+    clock[0] = 100.0  # the window (60 s) now starts after chat's last use: it drops out
+    collector.sample()
+    clock[0] = 101.0
+    values = scrape(collector)
+    assert chat not in values and ("kiln:model_busy_fraction", ("model", "chat"), ("version", "1")) not in values
+    assert collector.totals.last.keys() == {("ranker", "1")}
