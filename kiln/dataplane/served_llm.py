@@ -115,6 +115,7 @@ class ServedLLM:
             engine = self.engine
             assert engine is not None  # set by load() before this task starts
             reason = await engine.wait_dead()
+            self.metrics.on_engine_died()
             if self.draining:
                 return
             delay = self.restarts.next_delay()

@@ -209,13 +209,17 @@ class ServerMetrics:
     def on_failed(self, times: RequestTiming, reason: str) -> None:
         self.failure.labels(self.model_name, reason).inc()
 
+    def on_engine_died(self) -> None:
+        """The engine is gone with every request it held: nothing runs, waits or holds KV
+        blocks (its last readings would stay on the gauges through the restart, or for good)."""
+        self.running.set(0)
+        self.waiting.set(0)
+        self.kv_usage.set(0.0)
+
     def on_engine_restarted(self) -> None:
         """A new engine replaced a dead one: its running totals start again from zero."""
         self.engine_restarts.inc()
         self._last_totals = dict.fromkeys(self._totals, 0)
-        self.running.set(0)
-        self.waiting.set(0)
-        self.kv_usage.set(0.0)
 
     def on_rejected(self) -> None:
         """A request refused before reaching the engine (overload)."""

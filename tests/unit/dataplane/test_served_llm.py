@@ -158,9 +158,14 @@ def test_restarts_stop_at_the_cap_and_the_engine_stays_dead():
         for i in range(2):
             engines[i].die()
             await wait_for(lambda i=i: len(engines) == i + 2 and served.state == "ready")
+        served.metrics.running.set(3)  # the last readings of the engine about to die
+        served.metrics.waiting.set(2)
+        served.metrics.kv_usage.set(0.5)
         engines[2].die()
         await asyncio.sleep(0.1)
         assert len(engines) == 3 and served.state == "dead" and restarts_counted(served) == 2
+        gauges = (served.metrics.running, served.metrics.waiting, served.metrics.kv_usage)
+        assert [g._value.get() for g in gauges] == [0, 0, 0]  # a dead engine runs and holds nothing
         with pytest.raises(EngineDeadError):
             served.ready_engine()
         await served.drain_and_shutdown(1)
