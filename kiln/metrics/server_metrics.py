@@ -116,7 +116,10 @@ class LLMMetricFamilies:
         self.preemptions = counter("kiln:num_preemptions", "Requests preempted by the scheduler.")
         self.spec_drafts = counter("kiln:spec_decode_num_draft_tokens", "Draft tokens verified (speculative decoding).")
         self.spec_accepted = counter("kiln:spec_decode_num_accepted_tokens", "Draft tokens accepted by verification.")
-        self.prompt_tokens = counter("kiln:prompt_tokens", "Prompt tokens processed.")
+        self.prompt_tokens = counter(
+            "kiln:prompt_tokens", "Prompt tokens processed, per engine request: each of a request's n choices "
+            "counts its prompt (the response's usage.prompt_tokens counts it once).",
+        )
         self.generation_tokens = counter("kiln:generation_tokens", "Tokens generated.")
         self.success = Counter(
             "kiln:request_success", "Requests finished, by reason.", ["model_name", "finished_reason"],

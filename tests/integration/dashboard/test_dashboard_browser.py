@@ -68,8 +68,8 @@ def page(browser):
     context.close()
 
 
-def login(page, server, key=KEY):
-    page.goto(server.base_url + "/dashboard")
+def login(page, server, key=KEY, query=""):
+    page.goto(server.base_url + "/dashboard" + query)
     page.wait_for_selector("#login-form", state="visible")
     page.fill("#api-key", key)
     page.click("#login-form button[type=submit]")
@@ -115,6 +115,17 @@ def test_dashboard_loads_without_console_errors_and_charts_update(server, page):
     page.wait_for_selector("#charts .chart[data-title='Share of the route (%)']")
     assert page.locator("#routes tr[data-route=assistant]").count() == 2
     assert "75.0%" in page.inner_text("#routes")
+    assert page.errors == []
+
+
+def test_a_poll_interval_below_the_floor_does_not_flood_the_server(server, page):
+    polls = []
+    page.on("request", lambda r: polls.append(r.url) if "/dashboard/api/stats" in r.url else None)
+    login(page, server, query="?interval_ms=-1")
+    page.wait_for_selector("#main", state="visible")
+    polls.clear()
+    page.wait_for_timeout(2000)
+    assert 2 <= len(polls) <= 10  # every 250 ms at most (a value below 1 polled ~70 times a second)
     assert page.errors == []
 
 

@@ -5,7 +5,16 @@
 // with textContent, never parsed as HTML.
 "use strict";
 
-const POLL_MS = Number(new URLSearchParams(location.search).get("interval_ms")) || 1000;
+// ?interval_ms=N, kept within [MIN_POLL_MS, MAX_POLL_MS]: each poll reads the whole metrics registry,
+// so a value below 1 must not turn one tab into a busy loop against the server.
+const MIN_POLL_MS = 250, MAX_POLL_MS = 60000;
+const POLL_MS = pollInterval(new URLSearchParams(location.search).get("interval_ms"));
+
+function pollInterval(text) {
+  const ms = Number(text);
+  if (text === null || text === "" || !Number.isFinite(ms)) return 1000;
+  return Math.min(MAX_POLL_MS, Math.max(MIN_POLL_MS, ms));
+}
 const HISTORY = 300; // points kept per subject
 const KEY_STORAGE = "kiln-api-key";
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
