@@ -283,7 +283,11 @@ class DataPlane:
             loaded = self.models.resolve(name, version)
         except InvalidRequestError:
             raise
-        except Exception:  # noqa: BLE001 - unknown or unavailable = not ready
+        except ModelNotFoundError:
+            if name not in self.models.names():  # a mistyped probe: 404 naming it, not "not ready yet"
+                raise
+            return False
+        except Exception:  # noqa: BLE001 - unavailable = not ready
             return False
         return loaded.healthy()
 

@@ -32,7 +32,7 @@ def too_large(size: int | str, limit: int) -> InvalidRequestError:
 
 async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(declared, max_bytes)
     body = bytearray()
     async for chunk in request.stream():

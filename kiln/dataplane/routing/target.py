@@ -25,7 +25,7 @@ class Target:
             raise ConfigError(f"invalid route target {text!r}: expected 'model' or 'model@version'") from None
         if not at:
             return cls(model)
-        if not version.isdigit() or int(version) < 1:
+        if not (version.isascii() and version.isdigit()) or int(version) < 1:
             raise ConfigError(f"invalid route target {text!r}: the version after '@' must be a positive integer")
         return cls(model, int(version))
 

@@ -97,7 +97,7 @@ async def read_body(request: Request, limits: Limits) -> bytes:
     limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise InvalidRequestError(f"invalid Content-Length header {declared!r}")
         if int(declared) > limit:
             raise InvalidRequestError(_too_big(int(declared), limit))
@@ -199,7 +199,7 @@ async def infer_response(dataplane: DataPlane, request: Request, name: str, vers
     limits = dataplane.limits
     body = await read_body(request, limits)
     header = request.headers.get(HEADER_LENGTH)
-    if header is not None and not header.isdigit():
+    if header is not None and not (header.isascii() and header.isdigit()):
         raise InvalidRequestError(f"invalid {HEADER_LENGTH} header {header!r}")
     infer_request = parse_infer_request(body, int(header) if header else None, name, _version(version), limits)
     key = route_key(request.headers)

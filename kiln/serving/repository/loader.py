@@ -60,7 +60,7 @@ def find_versions(directory: Path, root: Path) -> dict[int, Path]:
     """All numbered version dirs of a model directory."""
     versions: dict[int, Path] = {}
     for child in directory.iterdir():
-        if child.is_dir() and child.name.isdigit() and int(child.name) > 0:
+        if child.is_dir() and child.name.isascii() and child.name.isdigit() and int(child.name) > 0:
             versions[int(child.name)] = _inside(root, child)
     return versions
 

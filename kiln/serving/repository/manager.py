@@ -110,7 +110,7 @@ class ModelManager:
         entry = self._entries.get(name)
         if entry is None:
             raise ModelNotFoundError(f"Request for unknown model: '{name}' is not found")
-        if version and not version.isdigit():
+        if version and not (version.isascii() and version.isdigit()):  # not '²' or '٣'; int() refuses the first
             raise InvalidRequestError(f"model version must be a positive integer, got '{version}'")
         if entry.state == LOADING and not entry.versions:
             raise ModelLoadingError(f"model '{name}' is still loading")

@@ -39,6 +39,11 @@ def test_unknown_model_is_404_even_while_loading():
     client, _ = loading_app()
     r = client.post("/v1/chat/completions", json={"model": "other", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = client.get("/v2/models/other/ready")  # a mistyped readiness probe: not "still loading"
+    assert r.status_code == 404 and "'other' is not found" in r.json()["error"]
+    assert client.get("/v2/models/m/versions/²/ready").status_code == 400  # was a 500 (int('²') fails)
+    r = client.post("/v2/models/m/infer", headers={"Inference-Header-Content-Length": "²".encode("latin-1")}, content=b"{}")
+    assert r.status_code == 400 and "Inference-Header-Content-Length" in r.json()["error"]
 
 
 def test_draining_refuses_new_requests():

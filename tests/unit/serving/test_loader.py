@@ -11,6 +11,7 @@ def test_reads_versions_by_policy(tmp_path):
     write_model(tmp_path, "m", doubler_config(version_policy={"latest": 2}),
                 {1: {"model.py": DOUBLER_PY}, 2: {"model.py": DOUBLER_PY}, 3: {"model.py": DOUBLER_PY}})
     (tmp_path / "m" / "notaversion").mkdir()
+    (tmp_path / "m" / "²").mkdir()  # str.isdigit() says yes; int() refused it and the scan failed
     source = read_model(tmp_path, "m")
     assert sorted(source.versions) == [2, 3]
     assert list_models(tmp_path) == ["m"]

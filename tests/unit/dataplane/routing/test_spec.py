@@ -37,7 +37,7 @@ def test_the_documented_example_parses(tmp_path):
 def test_targets_parse_and_print_back():
     assert Target.parse("smollm2@2") == Target("smollm2", 2) and str(Target("smollm2", 2)) == "smollm2@2"
     assert Target.parse("smollm2") == Target("smollm2") and Target("m").version_str == ""
-    for bad in ("", "a@", "a@0", "a@x", "../a", "a@1@2", "@1"):
+    for bad in ("", "a@", "a@0", "a@x", "../a", "a@1@2", "@1", "a@²", "a@٣"):
         with pytest.raises(ConfigError, match="invalid route target"):
             Target.parse(bad)
 
