@@ -19,6 +19,15 @@ class KilnError(Exception):
         self.param = param
 
 
+def describe(exc: BaseException) -> str:
+    """'Type: message' of any exception, even one whose __str__ raises (user code's can)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - the message itself is broken
+        text = "(its message could not be read)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class InvalidRequestError(KilnError):
     """The request is malformed or a parameter is out of range."""
 

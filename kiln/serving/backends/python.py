@@ -8,12 +8,14 @@ you trust, as with any Python plugin.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import itertools
 import sys
+from collections.abc import Iterator
 
-from kiln.errors import ConfigError
+from kiln.errors import ConfigError, describe
 from kiln.serving.model import LoadContext, Model, Result
 from kiln.serving.repository.loader import artifact_path
 from kiln.serving.types import InferRequest
@@ -30,10 +32,27 @@ def _load_module(path, model_name: str):
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except BaseException as exc:  # noqa: BLE001 - sys.exit() at import is the model's failure too
         sys.modules.pop(module_name, None)
-        raise ConfigError(f"{path.name!r} of model '{model_name}' failed to import: {exc!r}") from None
+        raise ConfigError(f"{path.name!r} of model '{model_name}' failed to import: {describe(exc)}") from None
     return module
+
+
+class ModelCodeExit(RuntimeError):
+    """A user model's method raised a BaseException that is not an Exception."""
+
+
+@contextlib.contextmanager
+def user_code(model_name: str, method: str) -> Iterator[None]:
+    """Run a user model's method. Its BaseExceptions (sys.exit(), an argparse failure,
+    KeyboardInterrupt) become plain errors of that model: raised through the server's
+    event loop, they would stop the whole process and every model in it."""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - see above
+        raise ModelCodeExit(f"{method}() of model '{model_name}' raised {describe(exc)}") from None
 
 
 def _find_class(module, class_name: str | None, model_name: str):
@@ -63,17 +82,23 @@ class PythonModel(Model):
         class_name = config.parameters.get("class_name")
         cls = _find_class(module, None if class_name is None else str(class_name), config.name)
         self.module_name = module.__name__
-        self.user = cls()
-        if callable(getattr(self.user, "load", None)):
-            try:
-                self.user.load(context)
-            except ConfigError:
-                raise
-            except Exception as exc:
-                raise ConfigError(f"load() of model '{config.name}' failed: {exc!r}") from None
+        self.model_name = config.name
+        try:
+            with user_code(config.name, "__init__"):
+                self.user = cls()
+            if callable(getattr(self.user, "load", None)):
+                with user_code(config.name, "load"):
+                    self.user.load(context)
+        except ConfigError:
+            raise
+        except ModelCodeExit as exc:
+            raise ConfigError(str(exc)) from None
+        except Exception as exc:
+            raise ConfigError(f"load() of model '{config.name}' failed: {describe(exc)}") from None
 
     def execute(self, requests: list[InferRequest]) -> list[Result]:
-        results = self.user.execute(requests)
+        with user_code(self.model_name, "execute"):
+            results = self.user.execute(requests)
         if not isinstance(results, (list, tuple)) or len(results) != len(requests):
             raise RuntimeError(
                 f"execute() must return one result per request ({len(requests)}), "
@@ -82,6 +107,9 @@ class PythonModel(Model):
         return list(results)
 
     def unload(self) -> None:
-        if callable(getattr(self.user, "unload", None)):
-            self.user.unload()
-        sys.modules.pop(self.module_name, None)
+        try:
+            if callable(getattr(self.user, "unload", None)):
+                with user_code(self.model_name, "unload"):
+                    self.user.unload()
+        finally:
+            sys.modules.pop(self.module_name, None)

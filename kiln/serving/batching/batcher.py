@@ -33,13 +33,21 @@ import bisect
 import collections
 import contextlib
 import itertools
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.errors import InvalidRequestError, KilnError, ModelUnavailableError, OverloadedError, RequestTimeoutError
+from kiln.errors import (
+    InvalidRequestError,
+    KilnError,
+    ModelUnavailableError,
+    OverloadedError,
+    RequestTimeoutError,
+    describe,
+)
 from kiln.serving.batching.concat import same_layout, same_shapes
 from kiln.serving.batching.inline import InlineEstimate
 from kiln.serving.batching.wait_policy import WaitPolicy
@@ -49,6 +57,8 @@ from kiln.serving.parameters import timeout_parameter_s
 from kiln.serving.repository.config import RepositoryModelConfig
 from kiln.serving.stats import ModelStats
 from kiln.serving.types import InferRequest, InferResponse
+
+log = logging.getLogger("kiln.serving.batching")
 
 
 @dataclass(eq=False)
@@ -201,7 +211,13 @@ class DynamicBatcher:
             batch = await self._next_batch(index)
             if batch is None:
                 return
-            await self._run(self.instances[index], self._executors[index], self._inline[index], batch)
+            try:
+                await self._run(self.instances[index], self._executors[index], self._inline[index], batch)
+            except Exception as exc:  # noqa: BLE001 - a dead worker would leave the model hanging, still "ready"
+                log.exception("model %s: batch failed", self.config.name)
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(_as_kiln_error(self.config.name, exc))
 
     async def _next_batch(self, index: int) -> list[_Item] | None:
         while not (self._queue or self._closed):
@@ -323,7 +339,14 @@ class DynamicBatcher:
         outputs = result.outputs if isinstance(result, InferResponse) else result
         if not isinstance(outputs, dict):
             return KilnError(f"model '{self.config.name}' returned {type(result).__name__}")
-        return {k: np.asarray(v) for k, v in outputs.items()}
+        arrays = {}
+        for name, value in outputs.items():
+            try:
+                arrays[name] = np.asarray(value)
+            except Exception as exc:  # noqa: BLE001 - a ragged list, an object numpy cannot read
+                return KilnError(f"model '{self.config.name}' returned output '{name}' that is not an array: "
+                                 f"{describe(exc)}")
+        return arrays
 
     # ------------------------------------------------------------ stop
 
@@ -347,7 +370,7 @@ def _timed_execute(instance: Model, requests: list[InferRequest]) -> tuple[list,
     start = time.perf_counter_ns()
     try:
         results = instance.execute(requests)
-    except Exception as exc:  # noqa: BLE001 - the whole call failed
+    except BaseException as exc:  # noqa: BLE001 - the whole call failed; a model's sys.exit() must not reach the loop
         results = [exc] * len(requests)
     return results, time.perf_counter_ns() - start
 
@@ -371,4 +394,4 @@ def _wake(waiter: asyncio.Future) -> None:
 def _as_kiln_error(model: str, exc: BaseException) -> KilnError:
     if isinstance(exc, KilnError):
         return exc
-    return KilnError(f"model '{model}' failed: {type(exc).__name__}: {exc}")
+    return KilnError(f"model '{model}' failed: {describe(exc)}")

@@ -38,6 +38,7 @@ from kiln.errors import (
     ModelLoadingError,
     ModelNotFoundError,
     ModelUnavailableError,
+    describe,
 )
 from kiln.serving.backends.registry import create_model
 from kiln.serving.ensemble.dag import validate_ensemble
@@ -247,7 +248,7 @@ class ModelManager:
                     entry.state, entry.reason = UNAVAILABLE, f"loading '{name}' was interrupted"
                 raise
             except BaseException as exc:  # noqa: BLE001 - any backend's failure (a model's SystemExit too) stays its own
-                detail = exc.message if isinstance(exc, KilnError) else f"{type(exc).__name__}: {exc}"
+                detail = exc.message if isinstance(exc, KilnError) else describe(exc)
                 message = f"failed to load '{name}': {self._redact(detail)}"
                 if not isinstance(exc, KilnError):
                     log.exception("loading model %s raised", name)

@@ -108,7 +108,7 @@ def _unload_all(models: list[Model]) -> None:
 
 
 def _quiet_unload(model: Model) -> None:
-    with contextlib.suppress(Exception):  # best effort while failing a load
+    with contextlib.suppress(BaseException):  # best effort while failing a load (a backend's SystemExit too)
         model.unload()
 
 

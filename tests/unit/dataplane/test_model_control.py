@@ -10,6 +10,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
@@ -18,6 +19,7 @@ from kiln.dataplane.dataplane import DataPlane
 from kiln.dataplane.llm_model import engine_options
 from kiln.errors import ConfigError, ForbiddenError, ModelLoadError, ModelNotFoundError
 from kiln.server.app import build_app
+from kiln.serving.types import InferRequest
 from tests.unit.dataplane.planes import repository_plane
 from tests.unit.serving.models import DOUBLER_PY, doubler_config, write_model
 
@@ -184,6 +186,35 @@ def test_load_errors_name_the_model_not_the_path_and_leave_no_model_loading(tmp_
             await plane.shutdown()
 
     quit_message, lack_message, states = asyncio.run(main())
-    assert quit_message == "failed to load 'quits': SystemExit: 3"
+    assert quit_message == "failed to load 'quits': 'model.py' of model 'quits' failed to import: SystemExit: 3"
     assert lack_message == "failed to load 'lacks': artifact 'helper.py' not found in version directory '1'"
     assert states["quits"] == "unavailable" and states["doubler"] == "ready"  # version 1 still serves
+
+
+def test_a_model_that_exits_or_interrupts_in_load_or_unload_fails_alone(tmp_path):
+    # KeyboardInterrupt from a model's load() stopped `kiln serve` (exit 130); sys.exit() in its
+    # unload() stopped a running server with every model in it.
+    interrupts = DOUBLER_PY + "\n    def __init__(self):\n        raise KeyboardInterrupt\n"
+    exits = DOUBLER_PY + "\n    def unload(self):\n        raise SystemExit(4)\n"
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+    write_model(tmp_path, "interrupts", doubler_config(), {1: {"model.py": interrupts}})
+    write_model(tmp_path, "exits", doubler_config(), {1: {"model.py": exits}})
+
+    async def main():
+        plane = repository_plane(tmp_path)
+        await plane.start()
+        try:
+            await plane.load_model("doubler")
+            with pytest.raises(ModelLoadError) as interrupted:
+                await plane.load_model("interrupts")
+            await plane.load_model("exits")
+            await plane.unload_model("exits")
+            request = InferRequest("doubler", {"IN": np.ones((1, 4), np.float32)})
+            assert (await plane.infer(request)).outputs["OUT"].tolist() == [[2.0] * 4]  # the server goes on
+            return interrupted.value.message, plane.model_states()
+        finally:
+            await plane.shutdown()
+
+    message, states = asyncio.run(main())
+    assert message == "failed to load 'interrupts': __init__() of model 'interrupts' raised KeyboardInterrupt"
+    assert states["doubler"] == "ready" and states["interrupts"] == "unavailable" and "exits" not in states

@@ -357,3 +357,50 @@ def test_a_request_joins_a_forming_batch_rather_than_running_alone():
         return models[0].batches, elapsed
     batches, elapsed = run(main())
     assert batches == [2] and elapsed < 4  # the second joined the first's wait; two clients make a peak of 2
+
+
+class Unruly(Doubler):
+    """Misbehaves as told by the request's first value: 1 sys.exit(), 2 KeyboardInterrupt,
+    3 an exception whose str() raises, 4 a ragged output list; else doubles."""
+
+    def execute(self, requests):
+        x = float(requests[0].inputs["IN"].reshape(-1)[0])
+        if x == 1:
+            raise SystemExit(3)
+        if x == 2:
+            raise KeyboardInterrupt
+
+        class Unprintable(Exception):
+            def __str__(self):
+                raise ValueError("no")
+        if x == 3:
+            raise Unprintable
+        if x == 4:
+            return [{"OUT": [[1.0], [2.0, 3.0]]} for _ in requests]
+        return super().execute(requests)
+
+
+@pytest.mark.parametrize("path", ["thread", "inline"])
+def test_a_misbehaving_model_fails_its_request_and_keeps_serving(path):
+    # sys.exit() in execute() stopped the whole server; a ragged output or an unprintable
+    # exception on the thread path killed the model's worker: every later request hung.
+    async def main():
+        batcher, _, _ = make(off=True)
+        model = Unruly()
+        model.load(LoadContext(batcher.config, 1, None))
+        batcher.instances[0] = model
+        if path == "thread":
+            batcher._inline[0].fits = lambda rows: False
+        outcomes = []
+        for value in (1.0, 5.0, 2.0, 3.0, 4.0, 6.0):
+            try:
+                outcomes.append((await asyncio.wait_for(batcher.submit(req([[value]])), 5))["OUT"].tolist())
+            except Exception as exc:  # noqa: BLE001 - what the client gets
+                outcomes.append(str(exc))
+        await batcher.stop()
+        return outcomes
+    outcomes = run(main())
+    assert outcomes[1] == [[10.0]] and outcomes[5] == [[12.0]]
+    assert "failed: SystemExit: 3" in outcomes[0] and "failed: KeyboardInterrupt" in outcomes[2]
+    assert "Unprintable: (its message could not be read)" in outcomes[3]
+    assert "returned output 'OUT' that is not an array" in outcomes[4]
