@@ -108,7 +108,7 @@ class DynamicBatcher:
         self._started = False
         self._workers: list[asyncio.Task] = []
         self._executors = [ThreadPoolExecutor(1, thread_name_prefix=f"kiln-{config.name}") for _ in instances]
-        self._inline = [InlineEstimate() for _ in instances]
+        self._inline = [InlineEstimate(int(config.max_inline_ms * 1e6)) for _ in instances]
         self._parked: set[int] = set()  # instances whose worker waits for work with no batch in hand
         self._closed = False
 

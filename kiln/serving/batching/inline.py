@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import sys
 
-# How long one inline call may hold the event loop: a 16-32 row batch of the
-# tabular example's ONNX model takes 0.15-0.4 ms there on a loaded 2-vCPU box.
+# How long one inline call may hold the event loop by default (a model's
+# `max_inline_ms`; 0 never runs it inline): a 16-32 row batch of the tabular
+# example's ONNX model takes 0.15-0.4 ms there on a loaded 2-vCPU box.
 INLINE_BUDGET_NS = 500_000
 GIL_WAITS = 2  # switch intervals of waiting a thread call may show and still be tried inline
 MAX_PROBE_GAP = 1024  # thread calls between probes, at most

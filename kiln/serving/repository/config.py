@@ -200,6 +200,10 @@ class RepositoryModelConfig(_Frozen):
     dynamic_batching: DynamicBatching | None = None
     queue: QueuePolicy = QueuePolicy()
     instance_count: int = Field(default=1, ge=1, le=64)
+    # A batch its model's recent calls predict under this runs on the event loop thread
+    # (batching/inline.py); 0: always on the instance's thread, for a model whose time
+    # varies by request (one slow inline call holds every request and probe meanwhile).
+    max_inline_ms: float = Field(default=0.5, ge=0, le=1000)
     version_policy: VersionPolicy = VersionPolicy()
     warmup: tuple[Warmup, ...] = ()
     artifact: str | None = None  # file name inside the version dir

@@ -37,6 +37,8 @@ def make(delay=0.0, instances=1, **batching):
     queue = batching.pop("queue", None)
     if queue is not None:
         data["queue"] = queue
+    if "max_inline_ms" in batching:
+        data["max_inline_ms"] = batching.pop("max_inline_ms")
     if batching.pop("off", False):
         data["max_batch_size"] = 0
     else:
@@ -261,8 +263,8 @@ def test_a_fast_model_runs_on_the_event_loop_thread_after_its_first_call():
             self.threads.append(threading.get_ident())
             return super().run(inputs)
 
-    async def main(delay, calls):
-        batcher, models, _ = make(off=True)
+    async def main(delay, calls, **config):
+        batcher, models, _ = make(off=True, **config)
         model = Recorder(delay)
         model.threads = []
         model.load(LoadContext(batcher.config, 1, None))
@@ -279,6 +281,8 @@ def test_a_fast_model_runs_on_the_event_loop_thread_after_its_first_call():
     assert fast[0] != loop_thread and fast.count(loop_thread) >= 20
     slow = run(main(0.2, 3))
     assert loop_thread not in slow
+    never = run(main(0.0, 30, max_inline_ms=0))  # the model's own opt-out
+    assert loop_thread not in never
 
 
 def test_a_fast_model_slowed_on_its_thread_by_waits_comes_back_to_the_loop():
