@@ -273,7 +273,10 @@ class DataPlane:
         return model.served if isinstance(model, LLMModel) else None
 
     # ---- KServe v2 -----------------------------------------------------------
-    def model_ready(self, name: str, version: str = "") -> bool:
+    def model_ready(self, name: str, version: str = "", unknown_raises: bool = False) -> bool:
+        """Whether the model (or route) serves now. `unknown_raises`: a name this server has
+        never heard of raises ModelNotFoundError (HTTP's 404) instead of answering False
+        (gRPC's ModelReady answers ready: false, as Triton's does)."""
         route = self.router.table.get(name)
         if route is not None:  # ready while a target it sends traffic to is
             _no_version(name, version)
@@ -284,7 +287,7 @@ class DataPlane:
         except InvalidRequestError:
             raise
         except ModelNotFoundError:
-            if name not in self.models.names():  # a mistyped probe: 404 naming it, not "not ready yet"
+            if unknown_raises and name not in self.models.names():  # a mistyped probe: not "not ready yet"
                 raise
             return False
         except Exception:  # noqa: BLE001 - unavailable = not ready

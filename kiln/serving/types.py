@@ -73,7 +73,12 @@ def as_bytes_array(array: np.ndarray) -> np.ndarray:
         return array
     out = np.empty(array.shape, dtype=object)
     for index, item in np.ndenumerate(array):
-        out[index] = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+        if isinstance(item, str):
+            out[index] = item.encode("utf-8")
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            out[index] = bytes(item)
+        else:  # bytes(5) would be five zero bytes
+            raise TypeError(f"a BYTES element must be str or bytes, got {type(item).__name__}")
     return out
 
 

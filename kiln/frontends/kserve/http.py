@@ -247,7 +247,7 @@ def kserve_router(dataplane: DataPlane) -> APIRouter:
     @router.get("/v2/models/{name}/versions/{version}/ready")
     @_guard
     async def model_ready(name: str, version: str | None = None):
-        return Response(status_code=200 if dataplane.model_ready(name, _version(version)) else 503)
+        return Response(status_code=200 if dataplane.model_ready(name, _version(version), unknown_raises=True) else 503)
 
     @router.get("/v2/models/{name}/config")
     @router.get("/v2/models/{name}/versions/{version}/config")

@@ -27,7 +27,7 @@ from kiln.serving.batching.batcher import DynamicBatcher
 from kiln.serving.ensemble.runner import EnsembleRunner
 from kiln.serving.metrics import ServingMetrics
 from kiln.serving.model import AsyncModel, LoadContext, Model
-from kiln.serving.repository.config import RepositoryModelConfig, Warmup, check_warmup
+from kiln.serving.repository.config import RepositoryModelConfig, TensorSpec, Warmup, check_warmup
 from kiln.serving.stats import ModelStats
 from kiln.serving.types import InferRequest, InferResponse, as_bytes_array, numpy_dtype
 from kiln.serving.validation import validate_request
@@ -228,12 +228,26 @@ class LoadedVersion:
             if spec is None:  # validate_request admits only declared outputs
                 raise KilnError(f"model '{self.config.name}' has no output '{name}'")
             array = np.asarray(outputs[name])
-            if spec.datatype == "BYTES":
-                array = as_bytes_array(array)
-            elif array.dtype != numpy_dtype(spec.datatype):
-                array = array.astype(numpy_dtype(spec.datatype))
+            problem = self._shape_problem(spec, array.shape, request)
+            if problem is None:
+                array, problem = _as_declared(array, spec.datatype)
+            if problem is not None:
+                raise KilnError(f"model '{self.config.name}' returned output '{name}' {problem}")
             result[name] = array
         return result
+
+    def _shape_problem(self, spec: TensorSpec, shape: tuple[int, ...], request: InferRequest) -> str | None:
+        """Why an output's shape breaks its declaration (dims, behind the batch dim of a
+        batched model, which must be the request's batch), or None."""
+        declared = list(spec.dims)
+        batched = self.config.max_batch_size > 0 and bool(request.inputs)
+        if batched:
+            declared = [request.batch_size(), *declared]
+        fits = len(shape) == len(declared) and all(d == -1 or d == n for d, n in zip(declared, shape, strict=True))
+        if fits:
+            return None
+        what = f"[{', '.join(map(str, declared))}]" + (" (the first: the request's batch)" if batched else "")
+        return f"of shape {list(shape)}; its config declares {what}"
 
     def queue_size(self) -> int:
         return self.batcher.queue_size() if self.batcher else 0
@@ -249,6 +263,27 @@ class LoadedVersion:
         if self.async_model is not None:
             await self.async_model.unload()
         await asyncio.to_thread(_unload_all, self.instances)
+
+
+def _as_declared(array: np.ndarray, datatype: str) -> tuple[np.ndarray, str | None]:
+    """An output in its declared datatype, or why it cannot be: text for BYTES; for an
+    integer or bool type, no NaN or infinity (a cast would make them arbitrary numbers)."""
+    if datatype == "BYTES":
+        if array.dtype.kind not in "OSU":
+            return array, f"of {array.dtype} values where its config declares BYTES (str or bytes)"
+        try:
+            return as_bytes_array(array), None
+        except TypeError as exc:
+            return array, f"that is not all str or bytes: {exc}"
+    target = numpy_dtype(datatype)
+    if array.dtype == target:
+        return array, None
+    if array.dtype.kind == "f" and target.kind in "iub" and not np.isfinite(array).all():
+        return array, f"with NaN or infinite values, which {datatype} cannot hold"
+    try:
+        return array.astype(target), None
+    except (TypeError, ValueError) as exc:
+        return array, f"of {array.dtype} values that are not {datatype}: {exc}"
 
 
 def _reason(exc: BaseException) -> str:

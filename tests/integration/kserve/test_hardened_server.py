@@ -29,7 +29,7 @@ KEY = "s3cret-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
 
 # OUT = IN * 2, except that IN starting with 13 yields text where numbers are
-# declared: converting it raises ValueError, an error that is not a Kiln one.
+# declared: converting it raises ValueError, which the answer names.
 ODD_PY = """
 import numpy as np
 
@@ -38,7 +38,7 @@ class Odd:
         out = []
         for r in requests:
             x = r.inputs["IN"]
-            out.append({"OUT": np.array(["boom"], dtype=object) if x.flat[0] == 13 else x * 2})
+            out.append({"OUT": np.full(x.shape, "boom", dtype=object) if x.flat[0] == 13 else x * 2})
         return out
 """
 
@@ -182,7 +182,7 @@ def test_stream_answers_each_request_once_even_when_the_model_error_is_not_kilns
     results = {r.get_response().id: r.as_numpy("OUT").tolist() for r, e in got if e is None}
     errors = [str(e) for _, e in got if e is not None]
     assert results == {"0": [[2.0, 2.0]], "2": [[4.0, 4.0]], "4": [[6.0, 6.0]]}
-    assert len(errors) == 2 and all("internal error: ValueError" in e for e in errors)
+    assert len(errors) == 2 and all("returned output 'OUT' of object values that are not FP32" in e for e in errors)
 
 
 # ---- a BYTES shape its data cannot fill is refused before allocating --------------

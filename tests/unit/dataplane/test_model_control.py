@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from kiln.config import ServerConfig
 from kiln.dataplane.dataplane import DataPlane
 from kiln.dataplane.llm_model import engine_options
-from kiln.errors import ConfigError, ForbiddenError, ModelLoadError, ModelNotFoundError
+from kiln.errors import ConfigError, ForbiddenError, KilnError, ModelLoadError, ModelNotFoundError
 from kiln.server.app import build_app
 from kiln.serving.types import InferRequest
 from tests.unit.dataplane.planes import repository_plane
@@ -218,3 +218,54 @@ def test_a_model_that_exits_or_interrupts_in_load_or_unload_fails_alone(tmp_path
     message, states = asyncio.run(main())
     assert message == "failed to load 'interrupts': __init__() of model 'interrupts' raised KeyboardInterrupt"
     assert states["doubler"] == "ready" and states["interrupts"] == "unavailable" and "exits" not in states
+
+
+MISSHAPEN_PY = """
+import numpy as np
+
+class Misshapen:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = r.inputs["IN"]
+            kind = int(x.flat[0])
+            value = {1: x.reshape(*x.shape, 1),                    # a rank the config does not declare
+                     2: np.zeros((5, x.shape[1]), np.float32),     # 5 rows for a request of 2
+                     3: np.full(x.shape, np.nan)}.get(kind, x * 2)  # NaN for an INT32 output
+            text = [[5] * x.shape[1]] * x.shape[0] if kind == 4 else [["a"] * x.shape[1]] * x.shape[0]
+            out.append({"OUT": value, "TEXT": np.array(text, dtype=object)})
+        return out
+"""
+
+
+def test_outputs_that_break_their_declaration_are_errors_naming_them(tmp_path):
+    # Each was a 200: a rank-3 output for dims [-1], 5 rows answering 2, NaN as INT32 -2147483648,
+    # and the number 5 as BYTES turned into five zero bytes.
+    config = doubler_config(outputs=[{"name": "OUT", "datatype": "INT32", "dims": [-1]},
+                                     {"name": "TEXT", "datatype": "BYTES", "dims": [-1]}])
+    write_model(tmp_path, "misshapen", config, {1: {"model.py": MISSHAPEN_PY}})
+
+    async def main():
+        plane = repository_plane(tmp_path)
+        await plane.start()
+        outcomes = []
+        try:
+            await plane.load_model("misshapen")
+            for kind in (1, 2, 3, 4, 6):
+                request = InferRequest("misshapen", {"IN": np.full((2, 3), kind, np.float32)})
+                try:
+                    response = await plane.infer(request)
+                    outcomes.append((response.outputs["OUT"].tolist(), response.outputs["TEXT"].tolist()))
+                except KilnError as exc:
+                    outcomes.append(exc.message)
+        finally:
+            await plane.shutdown()
+        return outcomes
+
+    rank, rows, nan, number, fine = asyncio.run(main())
+    prefix = "model 'misshapen' returned output"
+    assert rank == f"{prefix} 'OUT' of shape [2, 3, 1]; its config declares [2, -1] (the first: the request's batch)"
+    assert rows == f"{prefix} 'OUT' of shape [5, 3]; its config declares [2, -1] (the first: the request's batch)"
+    assert nan == f"{prefix} 'OUT' with NaN or infinite values, which INT32 cannot hold"
+    assert number == f"{prefix} 'TEXT' that is not all str or bytes: a BYTES element must be str or bytes, got int"
+    assert fine == ([[12] * 3] * 2, [[b"a"] * 3] * 2)
