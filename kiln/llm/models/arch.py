@@ -61,6 +61,14 @@ class MoEShape:
     # Layers with a dense MLP (`intermediate_size` of the arch) instead (Qwen3-MoE mlp_only_layers).
     dense_layers: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Checked here, so a checkpoint that says otherwise fails its load, not every request.
+        if self.num_experts <= 0 or not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"experts per token ({self.top_k}) must be between 1 and the number of experts "
+                             f"({self.num_experts})")
+        if self.intermediate_size <= 0:
+            raise ValueError(f"the experts' intermediate size must be positive, got {self.intermediate_size}")
+
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 
@@ -102,6 +110,21 @@ class ModelArch:
     embed_scale: float | None = None  # embeddings multiplied by this (Gemma: sqrt(hidden))
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
     moe: MoEShape | None = None
+
+    def __post_init__(self) -> None:
+        """Sizes the model's math needs, checked at load (a checkpoint that breaks them loaded,
+        then every request failed with a torch error)."""
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"the attention heads ({self.num_heads}) must be a multiple of the key/value heads "
+                             f"({self.num_kv_heads})")
+        rotary = self.head_dim if self.rotary_dim is None else self.rotary_dim
+        if rotary % 2 or not 0 < rotary <= self.head_dim:
+            raise ValueError(f"the rotated dims of a head ({rotary}) must be even and at most head_dim "
+                             f"({self.head_dim})")
 
     @property
     def q_size(self) -> int:

@@ -93,7 +93,7 @@ def open_gguf(path: Path) -> GGUFReader:
     try:
         return _FastGGUFReader(path, "r")  # read-only: arrays viewing the file are not writeable
     except _CORRUPT_ERRORS as e:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {e or type(e).__name__}") from e
+        raise ModelLoadError(f"cannot read GGUF file {path} (truncated or corrupt): {e or type(e).__name__}") from e
 
 
 @dataclass(frozen=True)

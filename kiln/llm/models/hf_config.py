@@ -32,10 +32,15 @@ class HFConfig:
     def fail(self, what: str) -> ModelLoadError:
         return ModelLoadError(f"{what} in {self.source}")
 
-    def base_fields(self, extra_eos_ids: tuple[int, ...] = (), layer_type: str | None = None) -> dict[str, Any]:
-        """The ModelArch fields every family has (sizes, rope, special tokens)."""
+    def base_fields(self, extra_eos_ids: tuple[int, ...] = (), layer_type: str | None = None,
+                    tied_by_default: bool = False) -> dict[str, Any]:
+        """The ModelArch fields every family has (sizes, rope, special tokens).
+        `tied_by_default`: the family's transformers config class ties the head when
+        config.json does not say (Gemma's; Google's published configs leave it out)."""
         hidden = int(self.need("hidden_size"))
         heads = int(self.need("num_attention_heads"))
+        if heads <= 0:
+            raise self.fail(f"num_attention_heads must be positive, got {heads}")
         head_dim = int(self.get("head_dim") or hidden // heads)
         rope = self.rope_parameters(layer_type)
         return dict(
@@ -49,8 +54,8 @@ class HFConfig:
             rms_norm_eps=float(self.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope.get("rope_theta", 10000.0)),
             max_position_embeddings=int(self.get("max_position_embeddings", 2048)),
-            # Llama's default; Llama-3.2 and SmolLM configs say True explicitly.
-            tie_word_embeddings=bool(self.get("tie_word_embeddings", False)),
+            # Llama's default (False); Llama-3.2 and SmolLM configs say True explicitly.
+            tie_word_embeddings=bool(self.get("tie_word_embeddings", tied_by_default)),
             rope_scaling=self.rope_scaling(rope, head_dim),
             bos_token_id=self.config.get("bos_token_id"),
             eos_token_ids=unique(as_ids(self.config.get("eos_token_id")) + extra_eos_ids),

@@ -64,7 +64,7 @@ def arch_from_config(
     family = family_for_hf(list(config.get("architectures") or []), str(config_file))
     try:
         return family.arch_from_hf(config, str(config_file), extra_eos_ids)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, ZeroDivisionError) as e:
         raise ModelLoadError(f"invalid value in {config_file}: {e}") from e
 
 

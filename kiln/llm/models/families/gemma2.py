@@ -61,7 +61,7 @@ def arch_from_hf(config: dict[str, Any], source: str, extra_eos_ids: tuple[int, 
     c = HFConfig(config, source)
     layers = int(c.need("num_hidden_layers"))
     return ModelArch(
-        **c.base_fields(extra_eos_ids), **gemma_fields(c), family="gemma2",
+        **c.base_fields(extra_eos_ids, tied_by_default=True), **gemma_fields(c), family="gemma2",
         attn_logit_softcap=c.get("attn_logit_softcapping"), final_logit_softcap=c.get("final_logit_softcapping"),
         layer_windows=c.layer_windows(alternating(layers, 2)),
     )

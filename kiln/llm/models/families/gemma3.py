@@ -37,7 +37,7 @@ def arch_from_hf(config: dict[str, Any], source: str, extra_eos_ids: tuple[int, 
     if local.get("rope_type", "default") != "default":
         raise c.fail("unsupported rope scaling on the sliding-window layers")
     local_theta = float(local.get("rope_theta") or c.get("rope_local_base_freq", LOCAL_ROPE_THETA))
-    fields = c.base_fields(extra_eos_ids, layer_type="full_attention")
+    fields = c.base_fields(extra_eos_ids, layer_type="full_attention", tied_by_default=True)
     if "rope_theta" not in c.rope_parameters("full_attention"):
         fields["rope_theta"] = 1_000_000.0  # Gemma3TextConfig's default for the global layers
     return ModelArch(

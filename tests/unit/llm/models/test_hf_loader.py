@@ -119,6 +119,36 @@ def test_other_rope_scaling_is_rejected(scaling):
     assert str(CONFIG) in str(e.value)
 
 
+def test_gemma_ties_its_head_when_the_config_does_not_say():
+    # Google's published Gemma 2 / 3 configs have no tie_word_embeddings: their config
+    # classes default to True (Llama's to False); Kiln looked for an lm_head and failed.
+    gemma2 = _config(architectures=["Gemma2ForCausalLM"], model_type="gemma2", head_dim=16)
+    gemma3 = _config(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", head_dim=16)
+    assert arch_from_config(gemma2, CONFIG).tie_word_embeddings is True
+    assert arch_from_config(gemma3, CONFIG).tie_word_embeddings is True
+    assert arch_from_config({**gemma2, "tie_word_embeddings": False}, CONFIG).tie_word_embeddings is False
+    assert arch_from_config(_config(), CONFIG).tie_word_embeddings is False
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"num_key_value_heads": 3}, r"attention heads \(4\) must be a multiple of the key/value heads \(3\)"),
+    ({"num_key_value_heads": 8}, r"attention heads \(4\) must be a multiple of the key/value heads \(8\)"),
+    ({"num_attention_heads": 0}, "num_attention_heads must be positive, got 0"),
+    ({"head_dim": 15}, r"rotated dims of a head \(15\) must be even"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings must be positive, got 0"),
+    ({"vocab_size": -1}, "vocab_size must be positive"),
+    ({"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 8},
+     r"experts per token \(8\) must be between 1 and the number of experts \(4\)"),
+    ({"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 0},
+     r"experts per token \(0\) must be between 1"),
+])
+def test_impossible_sizes_fail_the_load_naming_them(overrides, message):
+    # Each loaded, answered /health, then failed every request with a torch error (or ZeroDivisionError).
+    with pytest.raises(ModelLoadError, match=message) as e:
+        arch_from_config(_config(**overrides), CONFIG)
+    assert str(CONFIG) in str(e.value)
+
+
 def test_missing_required_key():
     config = _config()
     del config["hidden_size"]
