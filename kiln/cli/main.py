@@ -191,7 +191,10 @@ def run_generate(args: argparse.Namespace, engine_names: list[str]) -> int:
             out = llm.chat([{"role": "user", "content": args.prompt}], params)
         else:
             out = llm.generate(args.prompt, params)[0]
-    print(out.outputs[0].text)
+    completion = out.outputs[0]
+    if completion.finish_reason == "error":
+        raise KilnError(f"generation failed: {completion.error or 'the engine gave no reason'}")
+    print(completion.text)
     return 0
 
 

@@ -21,9 +21,10 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     logprobs: list[TokenLogprob] | None = None
+    error: str | None = None  # why the request failed (finish_reason "error"); the batch's others ran
 
 
 @dataclass

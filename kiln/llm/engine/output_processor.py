@@ -28,6 +28,7 @@ class RequestState:
     sent_chars: int = 0  # characters of `text` already streamed
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # why, when finish_reason is "error"
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] | None = None  # positions 1.. of the prompt, as they come
     stop_floor: int = 0  # a stop string must end after this many characters (those before min_tokens)
@@ -77,6 +78,7 @@ class OutputProcessor:
                     to_abort.append(out.request_id)
             elif out.finish_reason is not None:
                 state.finish_reason, state.stop_reason = out.finish_reason, out.stop_token_id
+                state.error = out.error
             state.token_ids.extend(new_ids)
             if state.logprobs is not None and new_logprobs:
                 state.logprobs.extend(new_logprobs)
@@ -149,6 +151,7 @@ class OutputProcessor:
             finish_reason=state.finish_reason,
             stop_reason=state.stop_reason,
             logprobs=state.logprobs,
+            error=state.error,
         )
         return RequestOutput(
             request_id=state.request_id,

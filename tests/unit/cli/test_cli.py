@@ -107,3 +107,17 @@ def test_serve_settings_it_cannot_use_are_one_line_errors(tmp_path, capsys):
             assert err.startswith("kiln: error: ") and message in err and "Traceback" not in err, (flags, err)
     assert main(["generate", "--device", "cuda:abc", "--prompt", "hi"]) == 2
     assert "device 'cuda:abc' is not a device name" in capsys.readouterr().err
+
+
+def test_generate_exits_non_zero_when_its_request_fails(tiny_llama_dir, capsys, monkeypatch):
+    # It printed an empty line and exited 0.
+    from kiln.cli.main import main
+    from kiln.llm.llm import LLM
+    from kiln.llm.outputs import CompletionOutput, RequestOutput
+
+    failed = CompletionOutput(0, "", [], finish_reason="error", error="RuntimeError: the kernel failed")
+    monkeypatch.setattr(LLM, "generate", lambda self, *a, **k: [RequestOutput("r", "Hi", [1], [failed], True)])
+    rc = main(["generate", str(tiny_llama_dir), "--prompt", "Hi", "--max-tokens", "2", "--num-blocks", "16"])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == ""
+    assert captured.err == "kiln: error: generation failed: RuntimeError: the kernel failed\n"

@@ -169,3 +169,11 @@ def test_the_core_aborts_a_request_its_stop_string_finished():
     assert runner.steps == [[("r", 0, 3)], [("r", 3, 1)], [("r", 4, 1)]]  # 2 of 5 max tokens never run
     assert runner.sampler.forgotten == ["r"]
     assert core.stats().kv_blocks_used == 0
+
+
+def test_a_failed_request_says_why():
+    # The core's reason reached streaming clients but not the offline LLM's outputs.
+    _, last, _ = feed(processor(), EngineCoreOutput("r", [1]), EngineCoreOutput("r", [], finish_reason="error",
+                                                                              error="OverflowError: seed"))
+    completion = last.outputs[0]
+    assert (completion.finish_reason, completion.error, completion.text) == ("error", "OverflowError: seed", "He")
