@@ -135,18 +135,26 @@ def load_chat_template(value: str) -> str:
     return value
 
 
+# A model directory has at least one of these (a fast, SentencePiece, or BPE vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
 @functools.lru_cache(maxsize=8)
 def _load_cached(path: Path, mtime_ns: int) -> Tokenizer:
     try:
         if path.is_dir():
+            if not any((path / name).is_file() for name in TOKENIZER_FILES):
+                raise ModelLoadError(f"no tokenizer in {path}: none of {', '.join(TOKENIZER_FILES)}")
             hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
             return Tokenizer(hf, str(path))
         if path.suffix == ".gguf":
             return Tokenizer(gguf_tokenizer(path), str(path))
     except ModelLoadError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
-        raise ModelLoadError(f"cannot load tokenizer from {path}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds (its config validation's too)
+        # One line: a missing metadata key names itself; transformers' messages can span several lines.
+        detail = f"no {e} in its tokenizer metadata" if isinstance(e, KeyError) else " ".join(str(e).split())
+        raise ModelLoadError(f"cannot load tokenizer from {path}: {detail}") from e
     raise ModelLoadError(f"cannot load tokenizer from {path}: expected a model directory or a .gguf file")
 
 
