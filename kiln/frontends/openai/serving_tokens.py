@@ -33,7 +33,8 @@ async def detokenize(dataplane: DataPlane, request: Request) -> dict:
     bad = [t for t in req.tokens if not 0 <= t < vocab]
     if bad:
         raise InvalidRequestError(f"token ids must be in [0, {vocab}); got {bad[:3]}", param="tokens")
-    return {"prompt": engine.tokenizer.decode(req.tokens)}
+    # Special tokens kept, as vLLM and transformers' decode do: /detokenize undoes /tokenize.
+    return {"prompt": engine.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
 
 def list_models(dataplane: DataPlane, created: int) -> dict:

@@ -178,3 +178,10 @@ def test_logprobs_of_tokens_a_grammar_forbids_are_numbers(client):
     )
     tops = [alt.logprob for item in chat.choices[0].logprobs.content for alt in item.top_logprobs]
     assert -9999.0 in tops and all(-9999.0 <= v <= 0 for v in tops)
+
+
+def test_detokenize_undoes_tokenize_special_tokens_included(server):
+    # /detokenize dropped special tokens ("<|im_start|>user\nhi<|im_end|>" came back "user\nhi").
+    text = "<|im_start|>user\nhi<|im_end|>"
+    tokens = server.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+    assert server.post("/detokenize", json={"tokens": tokens}).json() == {"prompt": text}
