@@ -126,9 +126,14 @@ class DraftModelProposer(Proposer):
         return ScheduledChunk(shadow, start, shadow.num_tokens - start, self.kv.block_ids(shadow.request_id))
 
     def _forward(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """One logits row per chunk, in the order of `chunks`. build_inputs orders its
+        sampled rows its own way (decode-like chunks first, by context length): taken
+        as they come, one request's draft went to another and acceptance collapsed."""
         inputs = build_inputs(chunks, self.block_size, self.device)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        return self.model.compute_logits(hidden[inputs.sample_rows])
+        row_of = {id(c): j for j, c in enumerate(inputs.sample_chunks)}
+        order = [row_of[id(c)] for c in chunks]
+        return self.model.compute_logits(hidden[inputs.sample_rows[order]])
 
     def _choose(self, logits: torch.Tensor, rows: list[Request]) -> tuple[list[int], list[torch.Tensor | None]]:
         """Draft tokens (argmax for greedy requests, else a draw from the

@@ -77,6 +77,19 @@ def test_greedy_output_identical_with_speculation(tiny_llama_dir, prompts, plain
     assert_idle(llm)
 
 
+def test_a_draft_model_equal_to_the_target_is_accepted_in_a_mixed_batch(tiny_llama_dir, prompts, plain_outputs):
+    # Its drafts went to the wrong requests once prompts of different lengths ran together
+    # (the draft forward's logits rows came back in build_inputs' order): 14 of 357 accepted.
+    llm = LLM(str(tiny_llama_dir), spec_method="draft", draft_model=str(tiny_llama_dir), num_speculative_tokens=4,
+              max_batch_for_speculation=32, **POOL)
+    outs = llm.generate(prompts[:8], GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs[:8]
+    stats = llm.engine.last_stats
+    assert stats.spec_num_draft_tokens > 50
+    assert stats.spec_num_accepted_tokens >= 0.9 * stats.spec_num_draft_tokens  # the same model: near-ties only
+    assert_idle(llm)
+
+
 def test_opt_out_and_batch_limit_disable_speculation(tiny_llama_dir, prompts, plain_outputs):
     llm = LLM(str(tiny_llama_dir), spec_method="ngram", max_batch_for_speculation=4, **POOL)
     opted_out = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True, speculate=False)
