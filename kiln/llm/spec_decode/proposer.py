@@ -29,15 +29,20 @@ def plan_drafts(running: list[Request], config: SpecConfig, max_model_len: int) 
 
     Off for the whole step if more than `max_batch_for_speculation` requests
     run. A request qualifies while decoding (one token left to compute), if
-    it did not opt out and asks no logprobs; its drafts leave room for the
-    bonus token under max_tokens and stay inside max_model_len.
+    it did not opt out, asks no logprobs and is not a seeded draw; its drafts
+    leave room for the bonus token under max_tokens and stay inside max_model_len.
+
+    A seeded request that samples is never speculated: rejection sampling draws
+    from its generator otherwise than the plain sampler, so its answer would
+    depend on whether the batch it ran in was small enough to speculate.
     """
     if len(running) > config.max_batch_for_speculation:
         return [], []
     chosen, counts = [], []
     for r in running:
         p = r.sampling_params
-        if not p.speculate or p.logprobs is not None or r.num_computed_tokens != r.num_tokens - 1:
+        seeded_draw = p.seed is not None and not p.greedy
+        if not p.speculate or seeded_draw or p.logprobs is not None or r.num_computed_tokens != r.num_tokens - 1:
             continue
         k = min(config.num_speculative_tokens, p.max_tokens - r.num_output_tokens - 1, max_model_len - r.num_tokens)
         if k > 0:

@@ -90,6 +90,21 @@ def test_a_draft_model_equal_to_the_target_is_accepted_in_a_mixed_batch(tiny_lla
     assert_idle(llm)
 
 
+def test_a_seeded_draw_is_the_same_with_speculation_and_in_any_batch(tiny_llama_dir, prompts):
+    # With speculation on, a seeded sampled answer changed with the number of requests
+    # running (drafting stops above max_batch_for_speculation, and rejection sampling
+    # draws otherwise than the plain sampler): such a request is not speculated now.
+    seeded = [SamplingParams(max_tokens=NUM_TOKENS, temperature=0.9, seed=100 + i, ignore_eos=True) for i in range(4)]
+    greedy = [GREEDY] * 4
+    plain = LLM(str(tiny_llama_dir), **POOL)
+    alone = [plain.generate([p], s)[0].outputs[0].token_ids for p, s in zip(prompts[:4], seeded, strict=True)]
+    spec = LLM(str(tiny_llama_dir), spec_method="draft", draft_num_layers=1, num_speculative_tokens=3,
+               max_batch_for_speculation=32, **POOL)
+    outs = spec.generate(prompts[:8], seeded + greedy)
+    assert [o.outputs[0].token_ids for o in outs[:4]] == alone
+    assert spec.engine.last_stats.spec_num_draft_tokens > 0  # the greedy ones still speculate
+
+
 def test_opt_out_and_batch_limit_disable_speculation(tiny_llama_dir, prompts, plain_outputs):
     llm = LLM(str(tiny_llama_dir), spec_method="ngram", max_batch_for_speculation=4, **POOL)
     opted_out = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True, speculate=False)
