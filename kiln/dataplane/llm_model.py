@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from kiln.config import EngineConfig
-from kiln.dataplane.embedding import split_embedding_settings
 from kiln.dataplane.restarts import RestartPolicy
 from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import ConfigError, InvalidRequestError
@@ -44,6 +43,7 @@ from kiln.serving.batching.batcher import request_priority
 from kiln.serving.model import AsyncModel, LoadContext
 from kiln.serving.parameters import flag_parameter, timeout_parameter_s
 from kiln.serving.repository.config import TensorSpec
+from kiln.serving.repository.embedding import split_embedding_settings
 from kiln.serving.types import InferRequest, InferResponse
 
 DEFAULT_MAX_TOKENS = 64

@@ -23,7 +23,6 @@ import logging
 import time
 
 from kiln.config import EngineConfig
-from kiln.dataplane.embedding import EmbeddingSettings
 from kiln.dataplane.load import CountingObserver, RequestTotals, SourceLoad
 from kiln.dataplane.restarts import RestartBudget, RestartPolicy
 from kiln.dataplane.usage import UsageObserver
@@ -39,6 +38,7 @@ from kiln.errors import (
 from kiln.llm.engine.async_llm import AsyncLLM
 from kiln.metrics.cost import UsageTotals
 from kiln.metrics.server_metrics import ServerMetrics
+from kiln.serving.repository.embedding import EmbeddingSettings
 
 log = logging.getLogger(__name__)
 

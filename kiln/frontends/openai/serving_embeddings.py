@@ -3,7 +3,7 @@
 Every input is its own prefill-only engine request, all submitted at once,
 so the engine batches them like any prompts (chunked prefill included) and
 frees their KV blocks as soon as each prompt is done. The vector is the
-model's (pooling per model: kiln/dataplane/embedding.py), cut to
+model's (pooling per model: kiln/serving/repository/embedding.py), cut to
 `dimensions` (matryoshka models only), then L2-normalised unless the
 request sets `normalize: false` (a Kiln extension); `encoding_format:
 base64` sends little-endian float32 bytes, as OpenAI does.

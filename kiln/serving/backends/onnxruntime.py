@@ -32,6 +32,15 @@ def _providers(device: str) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+def _threads(params: dict, name: str) -> int:
+    """A thread-count parameter: an integer >= 0 (0: onnxruntime chooses)."""
+    value = params.get(name, 0)
+    text = str(value).strip()
+    if isinstance(value, bool | float) or not (text.isascii() and text.isdigit()):
+        raise ConfigError(f"parameters.{name} must be an integer >= 0, got {value!r}", param=name)
+    return int(value)
+
+
 class OnnxRuntimeModel(TensorModel):
     def load(self, context: LoadContext) -> None:
         import onnxruntime as ort
@@ -40,8 +49,8 @@ class OnnxRuntimeModel(TensorModel):
         path = artifact_path(context.version_dir, context.config.artifact or "model.onnx")
         params = context.config.parameters
         options = ort.SessionOptions()
-        options.intra_op_num_threads = int(params.get("intra_op_num_threads", 0))
-        options.inter_op_num_threads = int(params.get("inter_op_num_threads", 0))
+        options.intra_op_num_threads = _threads(params, "intra_op_num_threads")
+        options.inter_op_num_threads = _threads(params, "inter_op_num_threads")
         try:
             self.session = ort.InferenceSession(str(path), options, providers=_providers(context.config.device))
         except Exception as exc:  # onnxruntime raises its own exception types

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from kiln.errors import ConfigError
 from kiln.serving.repository.config import RepositoryModelConfig, TensorSpec
 
-ConfigLookup = Callable[[str], RepositoryModelConfig | None]
+# (model, version or None for its highest) -> that version's config, or None where there is none.
+ConfigLookup = Callable[[str, int | None], RepositoryModelConfig | None]
 
 
 def _fail(ensemble: str, message: str) -> ConfigError:
@@ -20,12 +21,12 @@ def _fail(ensemble: str, message: str) -> ConfigError:
 
 
 def _producers(
-    config: RepositoryModelConfig, members: dict[str, RepositoryModelConfig]
+    config: RepositoryModelConfig, members: list[RepositoryModelConfig]
 ) -> dict[str, tuple[int, TensorSpec]]:
     """tensor name -> (step index or -1 for an ensemble input, its spec)."""
     produced: dict[str, tuple[int, TensorSpec]] = {s.name: (-1, s) for s in config.inputs}
     for index, step in enumerate(config.steps):
-        member = members[step.model]
+        member = members[index]
         for model_output, tensor in step.output_map.items():
             spec = member.output(model_output)
             if spec is None:
@@ -44,18 +45,21 @@ def _check_edge(ensemble: str, tensor: str, source: TensorSpec, target: TensorSp
 
 def validate_ensemble(config: RepositoryModelConfig, lookup: ConfigLookup) -> list[list[int]]:
     """Check the DAG; return each step's list of prerequisite steps."""
-    members: dict[str, RepositoryModelConfig] = {}
+    members: list[RepositoryModelConfig] = []
     for index, step in enumerate(config.steps):
-        member = lookup(step.model)
-        if member is None:
-            raise _fail(config.name, f"step {index} uses unknown model '{step.model}'")
         if step.model == config.name:
             raise _fail(config.name, f"step {index} uses the ensemble itself")
-        members[step.model] = member
+        member = lookup(step.model, step.version)
+        if member is None and step.version is not None and lookup(step.model, None) is not None:
+            raise _fail(config.name, f"step {index} uses version {step.version} of '{step.model}', which it "
+                                     "does not have (or has not loaded)")
+        if member is None:
+            raise _fail(config.name, f"step {index} uses unknown model '{step.model}'")
+        members.append(member)
     produced = _producers(config, members)
     depends: list[list[int]] = []
     for index, step in enumerate(config.steps):
-        member = members[step.model]
+        member = members[index]
         needs: set[int] = set()
         for model_input, tensor in step.input_map.items():
             target = member.input(model_input)

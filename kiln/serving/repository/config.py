@@ -174,7 +174,7 @@ class EnsembleStep(_Frozen):
     `output_map` maps the step model's output -> ensemble tensor."""
 
     model: str
-    version: int | None = None
+    version: int | None = Field(default=None, ge=1)  # None: the member's highest loaded version
     input_map: dict[str, str]
     output_map: dict[str, str]
 
@@ -187,6 +187,17 @@ class EnsembleStep(_Frozen):
 
 
 ParamValue = bool | int | float | str
+
+# Settings a backend has no use for: an ensemble runs its steps' models (their queues,
+# batchers and instances); an llm model queues and batches in its engine, on the engine's device.
+IGNORED_BY = {
+    "ensemble": {"dynamic_batching", "queue", "instance_count", "max_inline_ms", "warmup", "artifact", "device"},
+    "llm": {"queue", "max_inline_ms", "warmup", "artifact", "device"},
+}
+IGNORED_WHY = {
+    "ensemble": "its steps run on their own models' queues, batchers and instances",
+    "llm": "its engine queues and batches the requests; its device is parameters.device",
+}
 
 
 class RepositoryModelConfig(_Frozen):
@@ -242,6 +253,10 @@ class RepositoryModelConfig(_Frozen):
             raise ValueError("steps are only valid for backend 'ensemble'")
         if self.backend == "llm" and (self.instance_count != 1 or self.dynamic_batching is not None):
             raise ValueError("the llm backend batches inside its engine: use instance_count 1 and no dynamic_batching")
+        idle = sorted(IGNORED_BY.get(self.backend, set()) & self.model_fields_set)
+        if idle:  # accepted and then ignored, they would mislead
+            raise ValueError(f"{', '.join(idle)} {'does' if len(idle) == 1 else 'do'} nothing for backend "
+                             f"'{self.backend}' ({IGNORED_WHY[self.backend]})")
         if self.dynamic_batching is not None and self.max_batch_size < 1:
             raise ValueError("dynamic_batching needs max_batch_size >= 1")
         if self.dynamic_batching is not None:

@@ -59,9 +59,14 @@ def read_config_file(path: Path, name: str) -> RepositoryModelConfig:
 def find_versions(directory: Path, root: Path) -> dict[int, Path]:
     """All numbered version dirs of a model directory."""
     versions: dict[int, Path] = {}
-    for child in directory.iterdir():
+    names: dict[int, str] = {}
+    for child in sorted(directory.iterdir()):
         if child.is_dir() and child.name.isascii() and child.name.isdigit() and int(child.name) > 0:
-            versions[int(child.name)] = _inside(root, child)
+            version = int(child.name)
+            if version in versions:  # '1' and '01': which one served would depend on the listing order
+                raise ConfigError(f"version directories '{names[version]}' and '{child.name}' of "
+                                  f"'{directory.name}' are both version {version}")
+            versions[version], names[version] = _inside(root, child), child.name
     return versions
 
 

@@ -306,12 +306,8 @@ class ModelManager:
         for step in config.steps:
             if self.config_of(step.model, step.version) is None:
                 await self.load(step.model, _chain=chain)
-        depends = validate_ensemble(config, lambda name: self._step_config(config, name))
+        depends = validate_ensemble(config, self.config_of)
         return EnsembleRunner(config, depends, self._member_infer)
-
-    def _step_config(self, config: RepositoryModelConfig, name: str) -> RepositoryModelConfig | None:
-        version = next((s.version for s in config.steps if s.model == name), None)
-        return self.config_of(name, version)
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Stop serving `name`; returns once its in-flight requests are done."""

@@ -13,6 +13,7 @@ from kiln.errors import KilnError
 from kiln.serving.ensemble.dag import validate_ensemble
 from kiln.serving.model import LoadContext
 from kiln.serving.repository.config import RepositoryModelConfig, check_warmup
+from kiln.serving.repository.embedding import split_embedding_settings
 from kiln.serving.repository.loader import ModelSource, list_models, read_model
 
 DEFAULT_ARTIFACTS = {"onnxruntime": ("model.onnx",), "torch": ("model.pt", "model.pt2"), "python": ("model.py",)}
@@ -23,7 +24,8 @@ def _llm_problems(config: RepositoryModelConfig) -> list[str]:
     if config.backend != "llm":
         return []
     try:
-        EngineConfig.from_flat(**{k: v for k, v in config.parameters.items() if k != "model"})
+        _, options = split_embedding_settings({k: v for k, v in config.parameters.items() if k != "model"})
+        EngineConfig.from_flat(**options)
     except KilnError as exc:
         return [f"parameters: {exc.message}"]
     return []
@@ -64,19 +66,24 @@ def validate_repository(path: str | Path) -> list[str]:
         return [exc.message]
     problems: list[str] = []
     configs: dict[str, RepositoryModelConfig] = {}
+    versions: dict[str, set[int]] = {}
     for name in names:
         try:
             source = read_model(Path(path), name)
             found = _artifact_problems(source) + _llm_problems(source.config)
             problems += [f"{name}: {p}" for p in found]
             if not found:
-                configs[name] = _resolved(source)
+                configs[name], versions[name] = _resolved(source), set(source.versions)
         except KilnError as exc:
             problems.append(f"{name}: {exc.message}")
+
+    def member(name: str, version: int | None) -> RepositoryModelConfig | None:
+        return configs.get(name) if version is None or version in versions.get(name, ()) else None
+
     for name, config in configs.items():
         if config.backend == "ensemble":
             try:
-                validate_ensemble(config, configs.get)
+                validate_ensemble(config, member)
             except KilnError as exc:
                 problems.append(f"{name}: {exc.message}")
     return problems

@@ -89,6 +89,8 @@ def _warm(config: RepositoryModelConfig, instances: list[Model], warmup: Warmup)
         dtype = numpy_dtype(spec.datatype)
         if spec.datatype == "BYTES":
             inputs[name] = np.full(shape, b"", dtype=object)
+        elif spec.data == "random" and dtype.kind in "iub":  # [0, 1) cast would be all zeros; 0/1 stays a valid index
+            inputs[name] = rng.integers(0, 2, shape).astype(dtype)
         elif spec.data == "random":
             inputs[name] = rng.random(shape).astype(dtype)
         else:

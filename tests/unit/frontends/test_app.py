@@ -42,7 +42,8 @@ def test_unknown_model_is_404_even_while_loading():
     r = client.get("/v2/models/other/ready")  # a mistyped readiness probe: not "still loading"
     assert r.status_code == 404 and "'other' is not found" in r.json()["error"]
     assert client.get("/v2/models/m/versions/²/ready").status_code == 400  # was a 500 (int('²') fails)
-    r = client.post("/v2/models/m/infer", headers={"Inference-Header-Content-Length": "²".encode("latin-1")}, content=b"{}")
+    length = {"Inference-Header-Content-Length": "²".encode("latin-1")}
+    r = client.post("/v2/models/m/infer", headers=length, content=b"{}")
     assert r.status_code == 400 and "Inference-Header-Content-Length" in r.json()["error"]
 
 

@@ -18,6 +18,11 @@ def test_valid_config_is_frozen():
         config.max_batch_size = 3
 
 
+_ENSEMBLE = {"backend": "ensemble", "inputs": [{"name": "A", "datatype": "FP32", "dims": [4]}],
+             "outputs": [{"name": "S", "datatype": "FP32", "dims": [4]}],
+             "steps": [{"model": "add_sub", "input_map": {"INPUT0": "A"}, "output_map": {"OUTPUT0": "S"}}]}
+
+
 @pytest.mark.parametrize("data, fragment", [
     (_base(unknown_key=1), "unknown_key"),
     (_base(dynamic_batching={"max_queue_delay_ms": 1, "bogus": 2}), "bogus"),
@@ -31,6 +36,13 @@ def test_valid_config_is_frozen():
     (_base(inputs=[{"name": "X", "datatype": "FP32", "dims": [1]}] * 2), "duplicate"),
     (_base(steps=[{"model": "a", "input_map": {}, "output_map": {}}]), "ensemble"),
     ({"backend": "ensemble", "steps": []}, "ensemble"),
+    # Settings a backend would accept and ignore (a step version of 0 meant "latest"):
+    ({**_ENSEMBLE, "steps": [{**_ENSEMBLE["steps"][0], "version": 0}]}, "greater than or equal to 1"),
+    ({**_ENSEMBLE, "instance_count": 2, "queue": {"max_queue_size": 4}},
+     "instance_count, queue do nothing for backend 'ensemble'"),
+    ({"backend": "llm", "device": "cuda"}, "device does nothing for backend 'llm' (its engine queues and batches "
+                                           "the requests; its device is parameters.device)"),
+    ({"backend": "llm", "max_inline_ms": 0}, "max_inline_ms does nothing for backend 'llm'"),
 ])
 def test_invalid_configs_are_rejected(data, fragment):
     with pytest.raises(ConfigError) as info:
@@ -92,3 +104,25 @@ def test_valid_warmups_are_accepted():
     # Inputs left to the artifact: only the shape itself can be checked now (again at load).
     config = parse_config({"backend": "onnxruntime", "warmup": _warm(Z={"datatype": "FP32", "dims": [4]})}, name="m")
     assert "Z" in config.warmup[0].inputs
+
+
+def test_random_warmup_data_of_integer_and_bool_inputs_is_not_all_zeros():
+    # Uniform [0, 1) cast to an integer type was all zeros.
+    from kiln.serving.repository.version import _warm
+
+    class Recorder:
+        def execute(self, requests):
+            self.inputs = requests[0].inputs
+            return [{"Y": requests[0].inputs["I"]}]
+
+    config = parse_config({
+        "backend": "python", "max_batch_size": 4,
+        "inputs": [{"name": "I", "datatype": "INT64", "dims": [64]}, {"name": "B", "datatype": "BOOL", "dims": [64]}],
+        "outputs": [{"name": "Y", "datatype": "INT64", "dims": [64]}],
+        "warmup": [{"batch_size": 4, "inputs": {"I": {"datatype": "INT64", "dims": [64], "data": "random"},
+                                                "B": {"datatype": "BOOL", "dims": [64], "data": "random"}}}],
+    }, name="m")
+    model = Recorder()
+    _warm(config, [model], config.warmup[0])
+    assert set(model.inputs["I"].ravel().tolist()) == {0, 1}
+    assert set(model.inputs["B"].ravel().tolist()) == {False, True}

@@ -31,7 +31,7 @@ def step(model, inp, out, in_name="X", out_name="Y"):
 
 def test_valid_chain_and_dependencies():
     config = ensemble([step("a", "IN", "t"), step("b", "t", "OUT")])
-    assert validate_ensemble(config, MEMBERS.get) == [[], [0]]
+    assert validate_ensemble(config, lambda name, version: MEMBERS.get(name)) == [[], [0]]
 
 
 @pytest.mark.parametrize("steps, outputs, fragment", [
@@ -47,7 +47,7 @@ def test_valid_chain_and_dependencies():
 ])
 def test_invalid_graphs(steps, outputs, fragment):
     with pytest.raises(ConfigError, match=fragment):
-        validate_ensemble(ensemble(steps, outputs), MEMBERS.get)
+        validate_ensemble(ensemble(steps, outputs), lambda name, version: MEMBERS.get(name))
 
 
 def test_ensemble_runs_and_member_errors_fail_the_request(tmp_path):

@@ -61,3 +61,37 @@ def test_bad_warmups_fail_validation_and_load_with_a_config_error(tmp_path, caps
         with pytest.raises(ModelConfigLoadError) as info:  # a 400, not a 500 from numpy
             asyncio.run(load(name))
         assert info.value.http_status == 400 and fragment in info.value.message
+
+
+def test_validate_agrees_with_load_on_what_a_model_may_say(tmp_path):
+    # Embedding settings of an llm model loaded but failed validation; a bad ONNX thread count
+    # was a traceback (a 500 at load); a step's missing version passed validation, then the
+    # load said "unknown model"; directories '1' and '01' both became version 1.
+    basic_repository(tmp_path)
+    write_model(tmp_path, "emb", {"backend": "llm", "parameters": {"pooling": "mean", "embedding_only": True}}, {1: {}})
+    write_model(tmp_path, "threads", {"backend": "onnxruntime", "max_batch_size": 2,
+                                      "parameters": {"intra_op_num_threads": "abc"}},
+                {1: {"model.onnx": add_sub_onnx()}})
+    write_model(tmp_path, "pinned", {
+        "backend": "ensemble", "inputs": [{"name": "A", "datatype": "FP32", "dims": [4]},
+                                          {"name": "B", "datatype": "FP32", "dims": [4]}],
+        "outputs": [{"name": "S", "datatype": "FP32", "dims": [4]}],
+        "steps": [{"model": "add_sub", "version": 7, "input_map": {"INPUT0": "A", "INPUT1": "B"},
+                   "output_map": {"OUTPUT0": "S"}}],
+    })
+    write_model(tmp_path, "twice", doubler_config(), {1: {"model.py": DOUBLER_PY}, "01": {"model.py": DOUBLER_PY}})
+    problems = sorted(validate_repository(tmp_path))
+    assert problems == [
+        "pinned: ensemble 'pinned': step 0 uses version 7 of 'add_sub', which it does not have (or has not loaded)",
+        "threads: parameters.intra_op_num_threads must be an integer >= 0, got 'abc'",
+        "twice: version directories '01' and '1' of 'twice' are both version 1",
+    ]
+
+    async def load(name):
+        plane = repository_plane(tmp_path, model_control="explicit")
+        try:
+            await plane.load_model(name)
+        finally:
+            await plane.shutdown()
+    with pytest.raises(ModelConfigLoadError, match="step 0 uses version 7 of 'add_sub'"):
+        asyncio.run(load("pinned"))
