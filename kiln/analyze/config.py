@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kiln.config import option
@@ -11,13 +12,19 @@ SEARCHES = ("coordinate", "optuna")
 PROTOCOLS = ("http", "grpc")
 
 
-def parse_levels(text: str, name: str) -> tuple[float, ...]:
+MAX_LEVEL_DURATION_S = 3600.0
+
+
+def parse_levels(text: str, name: str, integers: bool = False) -> tuple[float, ...]:
+    """Positive, finite, increasing numbers (`integers`: whole ones, as concurrency levels)."""
     try:
         levels = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise ConfigError(f"{name} takes comma-separated numbers, got {text!r}", param=name) from None
-    if not levels or any(v <= 0 for v in levels) or list(levels) != sorted(set(levels)):
-        raise ConfigError(f"{name} must be positive, increasing numbers, got {text!r}", param=name)
+    if not levels or not all(0 < v < math.inf for v in levels) or list(levels) != sorted(set(levels)):
+        raise ConfigError(f"{name} must be positive, finite, increasing numbers, got {text!r}", param=name)
+    if integers and not all(v.is_integer() for v in levels):
+        raise ConfigError(f"{name} must be whole numbers, got {text!r}", param=name)
     return levels
 
 
@@ -58,13 +65,13 @@ class AnalyzeConfig:
             raise ConfigError("max_configs must be positive", param="max_configs")
         if not 0 <= self.min_gain < 1:
             raise ConfigError("min_gain must be in [0, 1)", param="min_gain")
-        if not self.level_duration_s > 0:
-            raise ConfigError("level_duration_s must be positive", param="level_duration_s")
+        if not 0 < self.level_duration_s <= MAX_LEVEL_DURATION_S:
+            raise ConfigError(f"level_duration_s must be in (0, {MAX_LEVEL_DURATION_S:g}]", param="level_duration_s")
         for name in ("max_p99_latency_ms", "max_p99_ttft_ms", "max_p99_tpot_ms", "price_per_hour"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be positive", param=name)
+            if value is not None and not 0 < value < math.inf:  # inf / NaN too: the server refuses them later
+                raise ConfigError(f"{name} must be a positive, finite number", param=name)
         if (self.model_repository is None) != (self.model_name is None):
             raise ConfigError("--model-repository and --model-name go together", param="model_name")
-        parse_levels(self.concurrency, "concurrency")
+        parse_levels(self.concurrency, "concurrency", integers=True)
         parse_levels(self.request_rates, "request_rates")

@@ -30,7 +30,9 @@ class StopFlag:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopFlag]:
-        """SIGINT sets the flag; a second SIGINT raises KeyboardInterrupt."""
+        """SIGINT or SIGTERM sets the flag (the run stops after the current point, writes its
+        report and stops its server); a second one raises KeyboardInterrupt. Without the
+        SIGTERM handler a `kill` or a CI timeout left the server it started running."""
 
         def handle(signum: int, frame: FrameType | None) -> None:
             if self.requested:
@@ -39,11 +41,12 @@ class StopFlag:
             for callback in self.on_request:
                 callback()
 
-        previous = signal.signal(signal.SIGINT, handle)
+        previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield self
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def describe_config(config: Config, base: Config) -> str:
