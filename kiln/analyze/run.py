@@ -45,7 +45,8 @@ def make_workload(config: AnalyzeConfig, kind: str) -> Workload:
     if kind == "llm":
         return Workload("llm", parse_levels(config.request_rates, "request_rates"), config.level_duration_s,
                         input_len=config.input_len, output_len=config.output_len, seed=config.workload_seed)
-    return Workload("repository", parse_levels(config.concurrency, "concurrency", integers=True), config.level_duration_s,
+    levels = parse_levels(config.concurrency, "concurrency", integers=True)
+    return Workload("repository", levels, config.level_duration_s,
                     protocol=config.protocol, batch_size=config.batch_size, seed=config.workload_seed)
 
 

@@ -14,6 +14,7 @@ import yaml
 
 from kiln.errors import ConfigError, ModelNotFoundError
 from kiln.serving.repository.config import RepositoryModelConfig, check_model_name, parse_config
+from kiln.serving.repository.triton_format import from_triton, is_triton_form
 
 CONFIG_FILE = "config.yaml"
 MAX_CONFIG_BYTES = 1 << 20
@@ -78,6 +79,9 @@ def read_model(repository: Path, name: str, override: dict[str, Any] | None = No
     if not directory.is_dir():
         raise ModelNotFoundError(f"model '{name}' is not in the model repository")
     directory = _inside(root, directory)
+    if override is not None and is_triton_form(override):  # what GET .../config answered, maybe edited
+        base = read_config_file(directory / CONFIG_FILE, name) if (directory / CONFIG_FILE).is_file() else None
+        override = from_triton(override, base)
     if override is not None:
         config = parse_config(override, name=name)
     else:

@@ -47,6 +47,7 @@ from kiln.serving.metrics import ServingMetrics
 from kiln.serving.model import AsyncModel, Model
 from kiln.serving.repository.config import RepositoryModelConfig, check_model_name, parse_config
 from kiln.serving.repository.loader import ModelSource, list_models, read_model
+from kiln.serving.repository.triton_format import from_triton, is_triton_form
 from kiln.serving.repository.version import LoadedVersion, load_async_model, load_instances
 from kiln.serving.types import InferRequest
 
@@ -97,7 +98,7 @@ class ModelManager:
                 raise ModelNotFoundError(f"model '{name}' is not served and there is no model repository")
             return read_model(self.repository, name, override)
         if override is not None:
-            config = parse_config(override, name=name)
+            config = parse_config(from_triton(override, config) if is_triton_form(override) else override, name=name)
         return ModelSource(name, config, None, {1: None})
 
     # ------------------------------------------------------------ queries

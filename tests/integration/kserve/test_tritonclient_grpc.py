@@ -1,4 +1,5 @@
 """The stock tritonclient.grpc against a live Kiln server."""
+import json
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +90,12 @@ def test_repository_control_and_statistics(client):
               '"inputs": [{"name": "TEXT", "datatype": "BYTES", "dims": [-1]}], '
               '"outputs": [{"name": "UPPER", "datatype": "BYTES", "dims": [-1]}]}')
     client.load_model("upper", config=config)
+    assert [o.name for o in client.get_model_metadata("upper").outputs] == ["UPPER"]
+    client.load_model("upper")
+    # Triton's round trip in gRPC's JSON form (int64 fields as strings): read, edit, send back.
+    read = client.get_model_config("upper", as_json=True)["config"]
+    read["output"] = [o for o in read["output"] if o["name"] == "UPPER"]
+    client.load_model("upper", config=json.dumps(read))
     assert [o.name for o in client.get_model_metadata("upper").outputs] == ["UPPER"]
     client.load_model("upper")
     stats = client.get_inference_statistics("add_sub", as_json=True)["model_stats"][0]

@@ -1,5 +1,6 @@
 """The stock tritonclient.http against a live Kiln server."""
 import gzip
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -93,6 +94,25 @@ def test_repository_index_load_and_unload(client):
         client.load_model("does_not_exist")
     with pytest.raises(InferenceServerException, match="invalid model name"):
         client.load_model("..%2F..%2Fetc")
+
+
+def test_the_config_read_edited_and_sent_back_reloads_the_model(client):
+    # Triton's round trip: get_model_config, edit, load_model(config=...) was a 400 ("Extra inputs
+    # are not permitted") because the override took only Kiln's config.yaml form.
+    config = client.get_model_config("doubler")
+    config["max_batch_size"] = 4
+    client.load_model("doubler", config=json.dumps(config))
+    try:
+        assert client.get_model_config("doubler")["max_batch_size"] == 4
+        x = np.ones((4, 3), np.float32)
+        assert client.infer("doubler", [_named("IN", x)]).as_numpy("OUT").tolist() == (x * 2).tolist()
+        with pytest.raises(InferenceServerException, match="exceeds max_batch_size|must be <= 4"):
+            client.infer("doubler", [_named("IN", np.ones((5, 3), np.float32))])
+        config["sequence_batching"] = {}
+        with pytest.raises(InferenceServerException, match=r"\['sequence_batching'\] are not supported by Kiln"):
+            client.load_model("doubler", config=json.dumps(config))
+    finally:
+        client.load_model("doubler")  # its config.yaml again
 
 
 def test_statistics(client):
