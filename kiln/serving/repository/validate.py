@@ -53,7 +53,8 @@ def _resolved(source: ModelSource) -> RepositoryModelConfig:
     model = OnnxRuntimeModel()
     model.load(LoadContext(config, version, directory))
     inputs, outputs = model.io_specs()
-    resolved = config.model_copy(update={"inputs": inputs, "outputs": outputs})
+    # As the load fills them (version.py): a side the config declares is kept.
+    resolved = config.model_copy(update={"inputs": config.inputs or inputs, "outputs": config.outputs or outputs})
     check_warmup(resolved)  # the warm-up's inputs could not be checked before the model's were known
     return resolved
 

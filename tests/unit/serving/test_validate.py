@@ -95,3 +95,18 @@ def test_validate_agrees_with_load_on_what_a_model_may_say(tmp_path):
             await plane.shutdown()
     with pytest.raises(ModelConfigLoadError, match="step 0 uses version 7 of 'add_sub'"):
         asyncio.run(load("pinned"))
+
+
+def test_an_onnx_model_declaring_one_side_is_read_as_the_load_reads_it(tmp_path):
+    # Validate filled both sides from the graph when a config declared only its outputs; the load
+    # keeps the declared side, so an ensemble using an undeclared output passed validation only.
+    write_model(tmp_path, "add_sub", {"backend": "onnxruntime", "max_batch_size": 2,
+                                      "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}]},
+                {1: {"model.onnx": add_sub_onnx()}})
+    write_model(tmp_path, "diff", {
+        "backend": "ensemble", "max_batch_size": 2,
+        "inputs": [{"name": "A", "datatype": "FP32", "dims": [4]}, {"name": "B", "datatype": "FP32", "dims": [4]}],
+        "outputs": [{"name": "D", "datatype": "FP32", "dims": [4]}],
+        "steps": [{"model": "add_sub", "input_map": {"INPUT0": "A", "INPUT1": "B"}, "output_map": {"OUTPUT1": "D"}}],
+    })
+    assert validate_repository(tmp_path) == ["diff: ensemble 'diff': step 0 (add_sub) has no output 'OUTPUT1'"]
