@@ -98,6 +98,7 @@ class Measurer:
         else:
             self.progress.note("switching configuration")
             self.server.load(self.subject.name, self.subject.load_config(config))
+        self.server.settle_memory()
         self.serving = key
 
     def _serve_args(self, config: Config) -> list[str]:

@@ -26,6 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 START_TIMEOUT_S = 600.0
 LOAD_TIMEOUT_S = 600.0
+# Memory has settled when it grew by less than this (or 1%) in one poll.
+SETTLE_BYTES = 16 << 20
+SETTLE_POLL_S = 1.0
+SETTLE_TIMEOUT_S = 60.0
 
 
 class LoadFailed(Exception):
@@ -93,6 +97,22 @@ class ServerProcess:
             except ValueError:
                 message = response.text
             raise LoadFailed(str(message)[:500])
+
+    def settle_memory(self, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+        """Until the server's resident memory stops growing: an LLM engine faults its KV pool
+        in while idle after it starts, so a level measured at once read up to ~1 GiB less
+        for the same configuration than one measured later (the memory column and plot)."""
+        deadline = time.monotonic() + timeout_s
+        last = self.resident_bytes()
+        while time.monotonic() < deadline:
+            time.sleep(SETTLE_POLL_S)
+            now = self.resident_bytes()
+            if now <= last + max(SETTLE_BYTES, last // 100):
+                return
+            last = now
+
+    def resident_bytes(self) -> int:
+        return int(sum(v for name, _, v in self.metrics() if name == "kiln:process_resident_memory_bytes"))
 
     def metrics(self) -> list[tuple[str, dict[str, str], float]]:
         """Every sample on /metrics: (name, labels, value)."""
