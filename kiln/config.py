@@ -106,11 +106,16 @@ class ModelConfig:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}", param="device")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("max_model_len must be positive", param="max_model_len")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ConfigError(f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}",
+                              param="seed")
         if not 1 <= self.cuda_graph_max_batch_size <= 1024:
             raise ConfigError("cuda_graph_max_batch_size must be in [1, 1024]", param="cuda_graph_max_batch_size")
 
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what torch's generators take
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_KV_FRACTION = 0.9  # the rest of the process (activations, the API side) needs some
 
 
@@ -151,8 +156,9 @@ class CacheConfig:
             )
         if self.block_size not in BLOCK_SIZES:
             raise ConfigError("block_size must be a power of two up to 128", param="block_size")
-        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
-            raise ConfigError("kv_cache_memory_gib must be positive", param="kv_cache_memory_gib")
+        if self.kv_cache_memory_gib is not None and not 0 < self.kv_cache_memory_gib < float("inf"):
+            raise ConfigError(f"kv_cache_memory_gib must be a positive number, got {self.kv_cache_memory_gib}",
+                              param="kv_cache_memory_gib")
         if not 0 < self.kv_cache_memory_fraction <= MAX_KV_FRACTION:
             raise ConfigError(
                 f"kv_cache_memory_fraction must be in (0, {MAX_KV_FRACTION}], got {self.kv_cache_memory_fraction}",
@@ -233,6 +239,27 @@ class SpecConfig:
             raise ConfigError("draft_num_layers must be positive", param="draft_num_layers")
         if self.max_batch_for_speculation < 1:
             raise ConfigError("max_batch_for_speculation must be positive", param="max_batch_for_speculation")
+        if self.draft_model is not None and not str(self.draft_model).strip():
+            raise ConfigError("draft_model must not be empty (leave it unset for the target's first layers)",
+                              param="draft_model")
+        unused = [name for name, value in self._method_options().items()
+                  if value != SpecConfig.__dataclass_fields__[name].default]
+        if unused:  # set for a method that is not on, they would be ignored without a word
+            method = f"spec_method {self.spec_method or 'unset'}" + (" and a draft_model" if self.draft_model else "")
+            raise ConfigError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing with {method}",
+                              param=unused[0])
+
+    def _method_options(self) -> dict[str, Any]:
+        """The options the method that is on does not read (every one with no method)."""
+        ngram = {"ngram_min_n": self.ngram_min_n, "ngram_max_n": self.ngram_max_n}
+        draft = {"draft_model": self.draft_model, "draft_num_layers": self.draft_num_layers}
+        if self.spec_method is None:
+            return {"num_speculative_tokens": self.num_speculative_tokens,
+                    "max_batch_for_speculation": self.max_batch_for_speculation, **ngram, **draft}
+        if self.spec_method == "ngram":
+            return draft
+        # draft: the first N layers are the draft only without a draft model
+        return {**ngram, "draft_num_layers": self.draft_num_layers} if self.draft_model else ngram
 
 
 WORKER_LAUNCHES = ("spawn", "env")
@@ -270,8 +297,9 @@ class ParallelConfig:
             )
         if self.num_micro_batches is not None and not 1 <= self.num_micro_batches <= 256:
             raise ConfigError("num_micro_batches must be in [1, 256]", param="num_micro_batches")
-        if not self.dist_timeout_s > 0:
-            raise ConfigError("dist_timeout_s must be positive", param="dist_timeout_s")
+        if not 0 < self.dist_timeout_s <= MAX_DIST_TIMEOUT_S:
+            raise ConfigError(f"dist_timeout_s must be in (0, {MAX_DIST_TIMEOUT_S:g}], got {self.dist_timeout_s}",
+                              param="dist_timeout_s")
 
     @property
     def world_size(self) -> int:
@@ -477,8 +505,8 @@ class ServerConfig:
                 "need 0 <= engine_restart_backoff_s <= engine_restart_backoff_max_s", param="engine_restart_backoff_s"
             )
         for name in ("engine_restart_window_s", "timeout_header_s", "timeout_idle_s", "timeout_keep_alive_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be positive", param=name)
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"{name} must be a positive number, got {getattr(self, name)}", param=name)
         if not 1024 <= self.max_header_bytes <= 1 << 24:
             raise ConfigError("max_header_bytes must be in [1024, 16777216]", param="max_header_bytes")
         for name in ("max_queued_requests", "max_tokens_limit"):
@@ -489,8 +517,9 @@ class ServerConfig:
                      "max_header_count"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive", param=name)
-        if self.shutdown_timeout < 0:
-            raise ConfigError("shutdown_timeout must be non-negative", param="shutdown_timeout")
+        if not 0 <= self.shutdown_timeout < float("inf"):
+            raise ConfigError(f"shutdown_timeout must be a non-negative number, got {self.shutdown_timeout}",
+                              param="shutdown_timeout")
         if self.price_per_hour is not None and not 0 <= self.price_per_hour < float("inf"):
             raise ConfigError(
                 f"price_per_hour must be a non-negative number, got {self.price_per_hour}", param="price_per_hour"
@@ -500,10 +529,13 @@ class ServerConfig:
         if not 1 <= self.cost_window_s <= 86400:
             raise ConfigError(f"cost_window_s must be in [1, 86400], got {self.cost_window_s}", param="cost_window_s")
         for name in ("autoscale_target_requests", "autoscale_smoothing_s", "autoscale_backlog_drain_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be positive", param=name)
-        if self.autoscale_downscale_window_s < 0:
-            raise ConfigError("autoscale_downscale_window_s must be non-negative", param="autoscale_downscale_window_s")
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"{name} must be a positive number, got {getattr(self, name)}", param=name)
+        if not 0 <= self.autoscale_downscale_window_s < float("inf"):  # NaN: the hint never came down
+            raise ConfigError(
+                f"autoscale_downscale_window_s must be a non-negative number, got {self.autoscale_downscale_window_s}",
+                param="autoscale_downscale_window_s",
+            )
 
     @property
     def grpc_port_resolved(self) -> int:

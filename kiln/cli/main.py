@@ -184,8 +184,9 @@ def run_generate(args: argparse.Namespace, engine_names: list[str]) -> int:
     from kiln.llm.llm import LLM
     from kiln.llm.sampling_params import SamplingParams
 
-    llm = LLM(args.model, **generate_options(args, engine_names))
+    # Checked before the engine is built: a bad --max-tokens fails in a moment, not after loading.
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.sampling_seed)
+    llm = LLM(args.model, **generate_options(args, engine_names))
     with llm:  # stops parallel workers, if any
         if args.chat:
             out = llm.chat([{"role": "user", "content": args.prompt}], params)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.config import SEED_MAX, SEED_MIN
 from kiln.errors import InvalidRequestError
 from kiln.llm.structured.spec import GrammarSpec
 
@@ -10,8 +11,7 @@ from kiln.llm.structured.spec import GrammarSpec
 MAX_LOGPROBS = 20
 MAX_CACHE_SALT_CHARS = 256
 # What the engine can represent: seeds seed a torch.Generator (a 64-bit
-# value, signed or not); counts and token ids are int32 on the device.
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+# value, signed or not: SEED_MIN, SEED_MAX); counts and token ids are int32 on the device.
 INT32_MAX = 2**31 - 1
 # The lowest temperature above 0 that is sampled as given: logits / 1e-38 overflow
 # to inf and the softmax to NaN (every token came out 0). Below it, this, as vLLM.
@@ -54,6 +54,7 @@ class SamplingParams:
     cache_salt: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_types()
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -61,6 +62,33 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+
+    def _check_types(self) -> None:
+        """Each field of its type, named when it is not (logprobs=2.5 was accepted, then failed
+        the engine step; top_k="abc" raised a bare TypeError naming nothing)."""
+        def bad(param: str, kind: str) -> None:
+            value = getattr(self, param)
+            raise InvalidRequestError(f"{param} must be {kind}, got {value!r}", param=param)
+
+        for name in ("max_tokens", "min_tokens", "top_k") + tuple(
+                n for n in ("logprobs", "prompt_logprobs", "seed") if getattr(self, n) is not None):
+            if not _is_int(getattr(self, name)):
+                bad(name, "an integer")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            if not _is_number(getattr(self, name)):
+                bad(name, "a number")
+        for name in ("ignore_eos", "include_stop_str_in_output", "speculate"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "true or false")
+        if self.stop is not None and not isinstance(self.stop, str | list | tuple):
+            bad("stop", "a string or a list of strings")
+        if self.stop_token_ids is not None and not isinstance(self.stop_token_ids, list | tuple):
+            bad("stop_token_ids", "a list of token ids")
+        if not isinstance(self.logit_bias, dict) or not all(
+                _is_int(k) and _is_number(v) for k, v in self.logit_bias.items()):
+            bad("logit_bias", "a mapping of token ids to numbers")
+        if self.structured is not None and not isinstance(self.structured, GrammarSpec):
+            bad("structured", "a GrammarSpec (kiln.llm.structured.spec)")
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             self.temperature = MIN_TEMPERATURE
 
@@ -88,7 +116,7 @@ class SamplingParams:
         if not 0 <= self.top_k <= INT32_MAX:
             bad("top_k", f"must be -1, 0 (disabled) or positive up to {INT32_MAX}, got {self.top_k}")
         if self.seed is not None and not (isinstance(self.seed, int) and SEED_MIN <= self.seed <= SEED_MAX):
-            bad("seed", f"must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed}")
+            bad("seed", f"must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}")
         if not 0.0 <= self.min_p <= 1.0:
             bad("min_p", f"must be in [0, 1], got {self.min_p}")
         if not 0.0 < self.repetition_penalty <= 2.0:
@@ -129,6 +157,14 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def is_text(s: str) -> bool:

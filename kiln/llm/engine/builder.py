@@ -13,7 +13,13 @@ from kiln.llm.device import require_device
 from kiln.llm.engine.activation_profile import measure_activation_peak
 from kiln.llm.engine.core import EngineCore
 from kiln.llm.engine.heap import trim_heap
-from kiln.llm.engine.kv_sizing import MemoryReader, available_memory_bytes, blocks_for, kv_pool_bytes
+from kiln.llm.engine.kv_sizing import (
+    MemoryReader,
+    available_memory_bytes,
+    blocks_for,
+    check_pool_fits,
+    kv_pool_bytes,
+)
 from kiln.llm.engine.loop import memory_bytes
 from kiln.llm.engine.progress import Progress
 from kiln.llm.models import registry
@@ -126,10 +132,32 @@ def decide_num_blocks(
     """`num_blocks` if set, else as many as the pool's budget holds (kv_sizing;
     `available`: reads free memory, injectable for tests)."""
     cache = config.cache
-    if cache.num_blocks is not None:
-        return cache.num_blocks
     per_block = kv_bytes_per_block(model, cache.block_size, kv_dtype(config))
-    return blocks_for(kv_pool_bytes(cache, torch.device(config.model.device), available), per_block)
+    device = torch.device(config.model.device)
+    if cache.num_blocks is None and cache.kv_cache_memory_gib is None:
+        return blocks_for(kv_pool_bytes(cache, device, available), per_block)
+    num_blocks = cache.num_blocks or blocks_for(kv_pool_bytes(cache, device, available), per_block)
+    check_pool_fits(num_blocks * per_block, device, available)
+    return num_blocks
+
+
+def fit_context(config: EngineConfig, max_model_len: int, num_blocks: int) -> int:
+    """The context length the pool can hold: a request may never need more blocks than
+    exist, or it could wait forever. A length the user asked for is an error when the pool
+    is smaller (it was lowered in silence: /v1/models said 16 for --max-model-len 400);
+    the model's own length is lowered, and the log says so."""
+    pool_tokens = num_blocks * config.cache.block_size
+    if max_model_len <= pool_tokens:
+        return max_model_len
+    if config.model.max_model_len is not None:
+        raise ConfigError(
+            f"max_model_len {max_model_len} needs {max_model_len} tokens of KV cache, but the pool holds "
+            f"{pool_tokens} ({num_blocks} blocks of {config.cache.block_size}): raise --kv-cache-memory-gib or "
+            "--num-blocks, or lower --max-model-len", param="max_model_len",
+        )
+    log.warning("max_model_len lowered from %d to %d: the KV pool holds %d tokens", max_model_len, pool_tokens,
+                pool_tokens)
+    return pool_tokens
 
 
 def build_proposer(
@@ -150,6 +178,9 @@ def build_proposer(
             )
         draft = build_model(draft_checkpoint, config, max_model_len)
     else:
+        if spec.draft_num_layers > checkpoint.arch.num_layers:
+            raise ConfigError(f"draft_num_layers ({spec.draft_num_layers}) exceeds the model's "
+                              f"{checkpoint.arch.num_layers} layers", param="draft_num_layers")
         draft = truncated_model(checkpoint, spec.draft_num_layers, max_model_len)
         draft = finish_model(draft, config)
     # The draft pool mirrors the target's block count: whatever fits one fits the other.
@@ -185,7 +216,7 @@ def build_parallel_engine_core(config: EngineConfig, checkpoint: Checkpoint | No
     cache = config.cache
     per_block = kv_bytes_per_block_per_rank(checkpoint.arch, config)
     num_blocks = cache.num_blocks or blocks_for(kv_pool_bytes(cache, torch.device(config.model.device)), per_block)
-    max_model_len = min(max_model_len, num_blocks * cache.block_size)
+    max_model_len = fit_context(config, max_model_len, num_blocks)
     # The model path travels to the workers in the config, resolved here.
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, model=path))
     torch.manual_seed(config.model.seed)
@@ -219,9 +250,7 @@ def build_engine_core(config: EngineConfig, checkpoint: Checkpoint | None = None
     model = build_model(checkpoint, config, max_model_len)
     progress.begin("allocating the KV pool")
     num_blocks = decide_num_blocks(model, config, max_model_len)
-    # A request may never need more blocks than exist, or it could wait forever.
-    pool_tokens = num_blocks * config.cache.block_size
-    max_model_len = min(max_model_len, pool_tokens)
+    max_model_len = fit_context(config, max_model_len, num_blocks)
     runner = ModelRunner(
         model, num_blocks, config.cache.block_size, torch.device(config.model.device), config.model.seed,
         kv_dtype(config),

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from kiln.config import CacheConfig
+from kiln.config import MAX_KV_FRACTION, CacheConfig
+from kiln.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,20 @@ def kv_pool_bytes(cache: CacheConfig, device: torch.device, available: MemoryRea
     log.info("KV pool: %.0f%% of %.2f GiB available = %.2f GiB (--kv-cache-memory-fraction; "
              "--kv-cache-memory-gib sets it)", cache.kv_cache_memory_fraction * 100, free / GIB, budget / GIB)
     return budget
+
+
+def check_pool_fits(pool_bytes: int, device: torch.device, available: MemoryReader | None = None) -> None:
+    """A pool sized by hand (--num-blocks, --kv-cache-memory-gib) must fit the memory there is:
+    a 100 GiB pool on a 23 GiB machine loaded, then faulting it in (at once, or while idle)
+    got the process killed."""
+    free = (available or available_memory_bytes)(device)
+    if free is not None and pool_bytes > free * MAX_KV_FRACTION:
+        raise ConfigError(
+            f"the KV pool asked for ({pool_bytes / GIB:.2f} GiB) does not fit the {free / GIB:.2f} GiB of memory "
+            f"available on {device} (at most {MAX_KV_FRACTION:.0%} of it): lower --kv-cache-memory-gib or "
+            "--num-blocks, or leave both unset to size it from --kv-cache-memory-fraction",
+            param="kv_cache_memory_gib",
+        )
 
 
 def blocks_for(budget: int, bytes_per_block: int) -> int:

@@ -11,7 +11,8 @@ def test_a_path_object_is_taken_as_its_text_for_every_path_option(tmp_path):
     config = EngineConfig.from_flat(model=tmp_path / "m.gguf", draft_model=tmp_path / "draft", spec_method="draft")
     assert config.model.model == str(tmp_path / "m.gguf")
     assert config.spec.draft_model == str(tmp_path / "draft")
-    assert EngineConfig.from_flat(draft_model=str(tmp_path)) == EngineConfig.from_flat(draft_model=tmp_path)
+    assert EngineConfig.from_flat(spec_method="draft", draft_model=str(tmp_path)) == EngineConfig.from_flat(
+        spec_method="draft", draft_model=tmp_path)
 
 
 def test_a_path_object_for_a_number_is_still_refused_by_name():

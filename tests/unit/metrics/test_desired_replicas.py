@@ -154,3 +154,16 @@ def test_a_burst_one_replica_absorbs_scales_nothing(trace):
 
 def test_idle_goes_to_the_minimum(trace):
     assert trace[-1].wanted == 1 and trace[-1].hint < 0.05
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("autoscale_downscale_window_s", float("nan")),  # accepted: the hint then never came down
+    ("autoscale_smoothing_s", float("inf")),
+    ("shutdown_timeout", float("nan")),
+    ("timeout_idle_s", float("inf")),
+])
+def test_server_options_refuse_nan_and_infinity(option, value):
+    from kiln.config import ServerConfig
+    from kiln.errors import ConfigError
+    with pytest.raises(ConfigError, match=f"{option} must be a"):
+        ServerConfig(**{option: value})

@@ -31,9 +31,19 @@ def test_the_fraction_and_the_gib_and_num_blocks_override_in_that_order():
     half = EngineConfig.from_flat(dtype="float32", kv_cache_memory_fraction=0.5)
     assert decide_num_blocks(MODEL, half, 128, reader(40960)) == 5
     fixed = EngineConfig.from_flat(dtype="float32", kv_cache_memory_fraction=0.5, kv_cache_memory_gib=0.25)
-    assert decide_num_blocks(MODEL, fixed, 128, reader(40960)) == GIB // 4 // 4096  # the reader is not asked
+    assert decide_num_blocks(MODEL, fixed, 128, reader(10 * GIB)) == GIB // 4 // 4096  # not a fraction of it
     blocks = EngineConfig.from_flat(dtype="float32", kv_cache_memory_gib=0.25, num_blocks=7)
     assert decide_num_blocks(MODEL, blocks, 128, reader(40960)) == 7
+
+
+@pytest.mark.parametrize("options", [dict(kv_cache_memory_gib=100), dict(num_blocks=30 * GIB // 4096)])
+def test_a_pool_sized_by_hand_must_fit_the_memory_there_is(options):
+    # A 100 GiB pool loaded on a 23 GiB machine; faulting it in then got the process killed.
+    config = EngineConfig.from_flat(dtype="float32", **options)
+    with pytest.raises(ConfigError, match=r"does not fit the 23.00 GiB of memory available on cpu") as e:
+        decide_num_blocks(MODEL, config, 128, reader(23 * GIB))
+    assert e.value.param == "kv_cache_memory_gib"
+    assert decide_num_blocks(MODEL, config, 128, reader(None)) > 0  # memory unknown: as asked
 
 
 def test_a_16_bit_pool_fits_twice_the_blocks():
@@ -77,3 +87,15 @@ def test_meminfo_and_the_cgroup_limit(tmp_path):
 def test_the_real_reader_gives_a_positive_figure_on_linux():
     free = kv_sizing.available_memory_bytes(CPU)
     assert free is None or free > 0
+
+
+def test_a_context_length_asked_for_must_fit_the_pool_and_the_models_own_is_lowered(caplog):
+    from kiln.llm.engine.builder import fit_context
+    asked = EngineConfig.from_flat(dtype="float32", max_model_len=400, num_blocks=4, block_size=4)
+    with pytest.raises(ConfigError, match="max_model_len 400 needs 400 tokens of KV cache, but the pool holds 16"):
+        fit_context(asked, 400, 4)  # was lowered to 16 in silence
+    own = EngineConfig.from_flat(dtype="float32", num_blocks=4, block_size=4)
+    with caplog.at_level("WARNING"):
+        assert fit_context(own, 2048, 4) == 16
+    assert "max_model_len lowered from 2048 to 16" in caplog.text
+    assert fit_context(asked, 16, 4) == 16

@@ -18,6 +18,8 @@ from kiln.llm.parallel.plan import PlanChunk, StepPlan, WorkerInit, _decoder, _e
         dict(worker_launch="ssh"),
         dict(num_micro_batches=0),
         dict(dist_timeout_s=0),
+        dict(dist_timeout_s=float("inf")),  # an OverflowError traceback when the group formed
+        dict(dist_timeout_s=float("nan")),
     ],
 )
 def test_bad_parallel_options_raise(options):

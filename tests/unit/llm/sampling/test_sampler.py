@@ -185,6 +185,20 @@ def test_logprobs_are_log_softmax_with_sorted_top_n():
         ({"presence_penalty": 3.0}, "presence_penalty"),
         ({"logprobs": 50}, "logprobs"),
         ({"stop": [""]}, "stop"),
+        # wrong types: accepted then failing the engine step (logprobs 2.5), silently truncated, or a
+        # bare TypeError / AttributeError naming nothing
+        ({"logprobs": 2.5}, "logprobs"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"min_tokens": 1.5}, "min_tokens"),
+        ({"prompt_logprobs": 2.5}, "prompt_logprobs"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),
+        ({"temperature": "abc"}, "temperature"),
+        ({"top_k": True}, "top_k"),
+        ({"stop": 123}, "stop"),
+        ({"logit_bias": [1, 2]}, "logit_bias"),
+        ({"logit_bias": {"a": 1}}, "logit_bias"),
+        ({"structured": "abc"}, "structured"),
+        ({"seed": "1"}, "seed"),
     ],
 )
 def test_invalid_params_raise_named_errors(kw, param):

@@ -24,6 +24,21 @@ def test_invalid_options_raise_config_error(bad):
         SpecConfig(**bad)
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    # Each was accepted and ignored without a word (a draft model path that did not exist too).
+    (dict(num_speculative_tokens=8), "num_speculative_tokens does nothing with spec_method unset"),
+    (dict(draft_model="/nonexistent/draft.gguf"), "draft_model does nothing with spec_method unset"),
+    (dict(spec_method="ngram", draft_num_layers=3), "draft_num_layers does nothing with spec_method ngram"),
+    (dict(spec_method="draft", ngram_max_n=2), "ngram_max_n does nothing with spec_method draft"),
+    (dict(spec_method="draft", draft_model="/m", draft_num_layers=3),
+     "draft_num_layers does nothing with spec_method draft and a draft_model"),
+    (dict(spec_method="draft", draft_model=""), "draft_model must not be empty"),
+])
+def test_options_the_method_does_not_read_are_refused(options, message):
+    with pytest.raises(ConfigError, match=message):
+        SpecConfig(**options)
+
+
 def test_off_by_default_and_flags_reach_the_config():
     assert EngineConfig().spec.spec_method is None
     parser, names = build_parser()
