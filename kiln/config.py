@@ -80,6 +80,8 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.model is not None and not str(self.model).strip():  # it meant the default model, silently
+            raise ConfigError("model must not be empty (leave it out for the installed SmolLM2)", param="model")
         if self.chat_template is not None and not self.chat_template.strip():
             raise ConfigError("chat_template must not be empty", param="chat_template")
         if self.quantization not in QUANTIZATIONS:

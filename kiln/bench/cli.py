@@ -6,11 +6,15 @@ import argparse
 import asyncio
 import math
 import os
+from pathlib import Path
+
+import httpx
 
 from kiln.bench.client import Target
 from kiln.bench.dataset import load_jsonl, synthetic
 from kiln.bench.report import parse_slos, summarize, table, write_json
 from kiln.bench.runner import LoadShape, run_load
+from kiln.errors import KilnError
 
 
 def add_bench_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,16 +45,60 @@ def add_bench_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--result-json", help="write the summary here")
 
 
+def check_bench_serve_args(args: argparse.Namespace) -> dict[str, float]:
+    """Every number in range and every path usable before the first request (a rate of 0 was a
+    ZeroDivisionError, a bad --result-json failed after the whole run); returns the SLOs."""
+    def bad(message: str) -> KilnError:
+        return KilnError(message)
+
+    for name in ("num_prompts", "input_len", "output_len"):
+        if getattr(args, name) < 1:
+            raise bad(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0 <= args.range_ratio < 1:
+        raise bad(f"--range-ratio must be in [0, 1), got {args.range_ratio}")
+    if not args.request_rate > 0:  # inf: all at once
+        raise bad(f"--request-rate must be positive (inf: all at once), got {args.request_rate}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise bad(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
+    if args.warmup < 0:
+        raise bad(f"--warmup must be non-negative, got {args.warmup}")
+    if not 0 < args.timeout < math.inf:
+        raise bad(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.dataset == "jsonl" and not args.dataset_path:
+        raise bad("--dataset jsonl needs --dataset-path")
+    if args.dataset_path and not Path(args.dataset_path).is_file():
+        raise bad(f"--dataset-path {args.dataset_path!r} is not a file")
+    if args.result_json and not Path(args.result_json).resolve().parent.is_dir():
+        raise bad(f"--result-json {args.result_json!r}: its directory does not exist")
+    try:
+        slos = parse_slos(args.goodput)
+    except ValueError as exc:
+        raise bad(f"--goodput: {exc}") from None
+    if not all(0 < v < math.inf for v in slos.values()):
+        raise bad(f"--goodput: SLOs must be positive milliseconds, got {args.goodput}")
+    return slos
+
+
+def check_reachable(base_url: str) -> None:
+    """A server that does not answer at all fails the command, not every prompt in turn."""
+    try:
+        httpx.get(base_url.rstrip("/") + "/v1/models", timeout=10)
+    except (httpx.HTTPError, ValueError) as exc:
+        raise KilnError(f"cannot reach {base_url}: {exc}") from None
+
+
 def run_bench_serve(args: argparse.Namespace) -> int:
+    slos = check_bench_serve_args(args)
     if args.dataset == "jsonl":
-        if not args.dataset_path:
-            raise SystemExit("--dataset jsonl needs --dataset-path")
-        items = load_jsonl(args.dataset_path, args.output_len)[: args.num_prompts]
+        try:
+            items = load_jsonl(args.dataset_path, args.output_len)[: args.num_prompts]
+        except (ValueError, OSError) as exc:
+            raise KilnError(f"--dataset-path {args.dataset_path!r}: {exc}") from None
     else:
         items = synthetic(args.dataset, args.num_prompts, args.input_len, args.output_len, args.range_ratio, args.seed)
+    check_reachable(args.base_url)
     target = Target(args.base_url, args.model, args.endpoint, args.api_key, args.exact_output_len)
     shape = LoadShape(args.request_rate, args.max_concurrency, args.seed)
-    slos = parse_slos(args.goodput)
     results, duration = asyncio.run(run_load(target, items, shape, args.timeout, args.warmup))
     summary = summarize(results, duration, slos)
     title = f"rate={args.request_rate} concurrency={args.max_concurrency}"

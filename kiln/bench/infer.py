@@ -97,6 +97,9 @@ class HttpTarget:
                                             limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
         except httpx.InvalidURL as exc:
             raise ConfigError(f"--url {url!r} is not a valid URL: {exc}", param="url") from None
+        port = httpx.URL(self.base).port
+        if port is not None and not 0 < port <= 65535:  # connect() raised a bare OverflowError
+            raise ConfigError(f"--url {url!r}: the port must be in [1, 65535]", param="url")
 
     async def _send(self, method: str, path: str, **kwargs):
         import httpx
@@ -268,6 +271,8 @@ def main_bench_infer(args: argparse.Namespace) -> int:
     """Run the sweep. An unreachable server, or one that refuses the metadata or warm-up
     requests (e.g. --batch-size above the model's max_batch_size), raises a KilnError
     naming the URL and the server's answer before any level runs."""
+    if args.url is not None and not args.url.strip():  # '' meant the default server, silently
+        raise ConfigError("--url must not be empty (leave it out for 127.0.0.1:8000 / :8001)", param="url")
     url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
     results = asyncio.run(sweep(args.protocol, url, args.model, args.concurrency, args.duration,
                                 args.batch_size, args.dim))

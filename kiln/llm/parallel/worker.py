@@ -16,9 +16,11 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 
 import torch
 
+from kiln.config import MAX_DIST_TIMEOUT_S
 from kiln.llm.models.default_model import resolve_model_path
 from kiln.llm.parallel.model import gather_weight_bytes
 from kiln.llm.parallel.plan import Heartbeat, ReportWeights, StepPlan, Stop, WorkerInit, receive_plan
@@ -65,6 +67,34 @@ def run_worker(rank: int, world_size: int, init_method: str, device: str, timeou
         shutdown_distributed()
 
 
+def setting_problem(env: Mapping[str, str], device: str, timeout_s: float) -> str | None:
+    """What is wrong with a worker's environment and flags, before it waits on the driver
+    (RANK=5 of WORLD_SIZE=2 waited out the whole timeout; RANK=abc was a traceback)."""
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK") if name not in env]
+    if missing:
+        return f"set {missing[0]} (torchrun-style: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK)"
+    numbers = {}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+        text = env[name].strip()
+        if not (text.isascii() and text.isdigit()):
+            return f"{name} must be a non-negative integer, got {env[name]!r}"
+        numbers[name] = int(text)
+    rank, world = numbers["RANK"], numbers["WORLD_SIZE"]
+    if rank == 0:
+        return "RANK 0 is the driver; start it with `kiln serve ... --worker-launch env`"
+    if not 1 <= rank < world:
+        return f"RANK must be in [1, WORLD_SIZE) = [1, {world}), got {rank}"
+    if not 1 <= numbers["MASTER_PORT"] <= 65535:
+        return f"MASTER_PORT must be in [1, 65535], got {numbers['MASTER_PORT']}"
+    if not 0 < timeout_s <= MAX_DIST_TIMEOUT_S:
+        return f"--dist-timeout-s must be in (0, {MAX_DIST_TIMEOUT_S:g}], got {timeout_s}"
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        return f"--device must be cpu or cuda, got {device!r}"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return "--device cuda, but this torch has no CUDA device"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Kiln parallel worker (one TP/PP rank).")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone (spawned workers)")
@@ -78,16 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver coordinates shutdown
         watch_parent(args.parent_pid)
-    try:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]  # noqa: B018 - fail early, with the name
-    except KeyError as e:
-        needed = "torchrun-style: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK"
-        print(f"kiln worker: set {e.args[0]} ({needed})", file=sys.stderr)
+    problem = setting_problem(os.environ, args.device, args.dist_timeout_s)
+    if problem is not None:
+        print(f"kiln worker: {problem}", file=sys.stderr)
         return 2
-    if rank == 0:
-        print("kiln worker: RANK 0 is the driver; start it with `kiln serve ... --worker-launch env`", file=sys.stderr)
-        return 2
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
     try:

@@ -58,6 +58,16 @@ def test_an_unreachable_server_is_one_line(capsys):
     assert err.count("\n") == 1 and f"cannot reach the server at http://127.0.0.1:{port}" in err
 
 
+@pytest.mark.parametrize(("url", "fragment"), [
+    ("127.0.0.1:99999", "--url '127.0.0.1:99999': the port must be in [1, 65535]"),  # a traceback
+    ("", "--url must not be empty"),  # silently the default server
+])
+def test_an_impossible_url_is_one_line(url, fragment, capsys):
+    assert kiln_main(_bench("--url", url)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err
+
+
 def test_an_unreachable_grpc_server_is_one_line(capsys):
     port = _free_port()
     assert kiln_main(_bench("--protocol", "grpc", "--url", f"127.0.0.1:{port}")) == 2

@@ -20,3 +20,9 @@ def test_a_path_object_for_a_number_is_still_refused_by_name():
         EngineConfig.from_flat(max_num_seqs=Path("8"))
     with pytest.raises(ConfigError, match="dtype must be one of"):
         EngineConfig.from_flat(dtype=Path("bfloat16x"))
+
+
+def test_an_empty_model_path_is_refused_not_taken_as_the_default():
+    # `kiln generate ""` and LLM("") served the installed SmolLM2 without a word.
+    with pytest.raises(ConfigError, match="model must not be empty"):
+        EngineConfig.from_flat(model="")

@@ -1,4 +1,6 @@
 """ParallelConfig validation, its CLI flags, and unsupported combinations."""
+import re
+
 import msgspec
 import pytest
 
@@ -52,3 +54,23 @@ def test_plans_round_trip_as_msgpack():
     assert back.config == init.config and isinstance(back.config.parallel, ParallelConfig)
     with pytest.raises(msgspec.DecodeError):
         _decoder.decode(b"\x93\x01\x02\x03")
+
+
+@pytest.mark.parametrize(("env", "flags", "message"), [
+    ({"MASTER_ADDR": None}, {}, "set MASTER_ADDR"),
+    ({"RANK": "abc"}, {}, "RANK must be a non-negative integer, got 'abc'"),  # a ValueError traceback
+    ({"RANK": "5", "WORLD_SIZE": "2"}, {}, r"RANK must be in \[1, WORLD_SIZE\) = \[1, 2\), got 5"),  # waited 300 s
+    ({"WORLD_SIZE": "0"}, {}, r"RANK must be in \[1, WORLD_SIZE\)"),  # ZeroDivisionError
+    ({"RANK": "0"}, {}, "RANK 0 is the driver"),
+    ({"MASTER_PORT": "99999"}, {}, r"MASTER_PORT must be in \[1, 65535\], got 99999"),
+    ({}, {"timeout_s": float("nan")}, "--dist-timeout-s must be in"),
+    ({}, {"timeout_s": 0.0}, "--dist-timeout-s must be in"),
+    ({}, {"device": "tpu"}, "--device must be cpu or cuda"),
+])
+def test_a_worker_names_what_is_wrong_before_waiting_on_the_driver(env, flags, message):
+    from kiln.llm.parallel.worker import setting_problem
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "2", "RANK": "1"}
+    environment = {k: v for k, v in {**base, **env}.items() if v is not None}
+    problem = setting_problem(environment, flags.get("device", "cpu"), flags.get("timeout_s", 300.0))
+    assert problem is not None and re.search(message, problem), problem
+    assert setting_problem(base, "cpu", 300.0) is None
