@@ -104,8 +104,8 @@ def main() -> None:
         "draft": dict(
             spec_method="draft",
             num_speculative_tokens=args.k,
-            draft_num_layers=args.draft_layers,
-            draft_model=args.draft_model,
+            # the target's first layers, or a model of its own
+            **({"draft_model": args.draft_model} if args.draft_model else {"draft_num_layers": args.draft_layers}),
         ),
     }
     switch = (

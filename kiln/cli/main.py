@@ -118,9 +118,13 @@ def run_serve(
     ray_options = given(args, ray_names)
     if ray_options and not args.ray:  # a flag mistake, said before anything is read
         raise KilnError(f"{', '.join('--' + n.replace('_', '-') for n in sorted(ray_options))} need --ray")
-    from kiln.server.preflight import check_server_config
+    from kiln.server.preflight import check_ray_installed, check_server_config
 
-    check_server_config(config, listens=not args.ray)
+    ray_config = RayServeConfig(**ray_options) if args.ray else None
+    if args.ray:
+        check_ray_installed()
+    # Under Ray, Kiln's proxy binds the port only on the local cluster it starts itself.
+    check_server_config(config, listens=not args.ray, http_only=args.ray and not ray_options.get("ray_address"))
     engine_options = given(args, engine_names)
     llm = None
     if args.model is not None or config.model_repository is None:
@@ -139,10 +143,10 @@ def run_serve(
             f"engine flags ({', '.join(sorted(engine_options))}) apply to a command-line model; "
             "repository models take them from their config.yaml parameters"
         )
-    if args.ray:
+    if ray_config is not None:
         from kiln.deploy.ray_serve import run as run_on_ray
 
-        return run_on_ray(config, llm, RayServeConfig(**ray_options))
+        return run_on_ray(config, llm, ray_config)
     from kiln.server.compose import build_dataplane
     from kiln.server.run import serve
 

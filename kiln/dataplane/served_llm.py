@@ -120,6 +120,9 @@ class ServedLLM:
                 return
             delay = self.restarts.next_delay()
             if delay is None:
+                # After a replacement that failed to start too: dead, not "restarting" for ever
+                # (liveness answers 503 on dead, so Kubernetes or Ray replaces the server).
+                self._restarting = False
                 log.error("model %s: engine died (%s); no restart left (%d in %.0fs); it stays down",
                           self.name, reason, self.restarts.policy.max_restarts, self.restarts.policy.window_s)
                 return

@@ -52,10 +52,11 @@ class RayServeConfig:
         if self.ray_max_ongoing_requests is not None and self.ray_max_ongoing_requests < 1:
             raise ConfigError("ray_max_ongoing_requests must be positive", param="ray_max_ongoing_requests")
         for name in ("ray_upscale_delay_s", "ray_downscale_delay_s", "ray_replica_num_cpus", "ray_replica_num_gpus"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be non-negative", param=name)
-        if not self.ray_look_back_period_s > 0:
-            raise ConfigError("ray_look_back_period_s must be positive", param="ray_look_back_period_s")
+            if not 0 <= getattr(self, name) < math.inf:  # NaN and inf failed inside Ray, after it started
+                raise ConfigError(f"{name} must be a non-negative number, got {getattr(self, name)}", param=name)
+        if not 0 < self.ray_look_back_period_s < math.inf:
+            raise ConfigError(f"ray_look_back_period_s must be a positive number, got {self.ray_look_back_period_s}",
+                              param="ray_look_back_period_s")
         if self.ray_autoscaling_policy not in AUTOSCALING_POLICIES:
             raise ConfigError(f"ray_autoscaling_policy must be one of {AUTOSCALING_POLICIES}",
                               param="ray_autoscaling_policy")

@@ -4,6 +4,7 @@ that cannot be listened on are each one line and exit 2, not a server that
 stays unready forever or a traceback from uvicorn's or gRPC's start."""
 from __future__ import annotations
 
+import importlib.util
 import socket
 import ssl
 from pathlib import Path
@@ -12,13 +13,20 @@ from kiln.config import ServerConfig
 from kiln.errors import ConfigError
 
 
-def check_server_config(config: ServerConfig, listens: bool = True) -> None:
-    """`listens`: this process binds config.host's ports (not so under Ray Serve)."""
+def check_server_config(config: ServerConfig, listens: bool = True, http_only: bool = False) -> None:
+    """`listens`: this process binds config.host's ports; `http_only`: only the HTTP one is
+    bound here (Ray Serve's proxy on a local cluster: a port in use was a Ray traceback ~30 s in)."""
     check_repository(config.model_repository)
     check_tls(config.ssl_certfile, config.ssl_keyfile)
-    if listens:
+    if listens or http_only:
         check_listen(config.host, config.port, "port")
+    if listens:
         check_listen(config.host, config.grpc_port_resolved, "grpc_port")
+
+
+def check_ray_installed() -> None:
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
+        raise ConfigError("--ray needs Ray Serve: pip install 'ray[serve]'", param="ray")
 
 
 def check_repository(path: str | None) -> None:

@@ -25,7 +25,8 @@ def chat_ids(llm, text: str) -> list[int]:
 # speculation each schema once, alternating greedy and sampled (test time).
 @pytest.mark.parametrize(("spec_method", "modes"), [(None, "both"), ("ngram", "alternate")])
 def test_every_json_output_validates(make_smollm2_engine, spec_method, modes):
-    llm = make_smollm2_engine(kv_cache_memory_gib=0.25, spec_method=spec_method, num_speculative_tokens=3)
+    speculation = {"spec_method": spec_method, "num_speculative_tokens": 3} if spec_method else {}
+    llm = make_smollm2_engine(kv_cache_memory_gib=0.25, **speculation)
     sampling = ((0.0, None), (0.9, 7))
     prompts, params, names = [], [], []
     for i, (name, schema) in enumerate(SCHEMAS.items()):

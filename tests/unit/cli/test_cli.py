@@ -121,3 +121,26 @@ def test_generate_exits_non_zero_when_its_request_fails(tiny_llama_dir, capsys, 
     captured = capsys.readouterr()
     assert rc == 2 and captured.out == ""
     assert captured.err == "kiln: error: generation failed: RuntimeError: the kernel failed\n"
+
+
+def test_ray_serve_settings_it_cannot_use_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    # A port in use was a RayTaskError traceback ~30 s in, after Ray had started; no Ray
+    # installed, a ModuleNotFoundError traceback; NaN delays, a pydantic traceback inside Ray.
+    import importlib.util
+    import socket
+
+    from kiln.cli.main import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = str(taken.getsockname()[1])
+        assert main(["serve", "--ray", "--model-repository", str(tmp_path), "--port", busy]) == 2
+        assert f"cannot listen on 127.0.0.1:{busy} (port)" in capsys.readouterr().err
+    assert main(["serve", "--ray", "--model-repository", str(tmp_path), "--port", "0",
+                 "--ray-upscale-delay-s", "nan"]) == 2
+    assert "ray_upscale_delay_s must be a non-negative number, got nan" in capsys.readouterr().err
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main(["serve", "--ray", "--model-repository", str(tmp_path), "--port", "0"]) == 2
+    assert capsys.readouterr().err == "kiln: error: --ray needs Ray Serve: pip install 'ray[serve]'\n"

@@ -185,6 +185,20 @@ def test_a_failed_restart_counts_and_is_retried():
     asyncio.run(main())
 
 
+def test_a_replacement_that_fails_to_start_with_no_restart_left_leaves_the_model_dead():
+    # It stayed "restarting" for ever: liveness kept answering 200 and nothing replaced the server.
+    async def main():
+        served, engines = supervised(RestartPolicy(max_restarts=1, backoff_s=0.01), fail_starts=1)
+        await served.load()
+        engines[0].die()
+        await asyncio.sleep(0.2)
+        state = served.state
+        await served.drain_and_shutdown(1)
+        return state
+
+    assert asyncio.run(main()) == "dead"
+
+
 def test_no_restart_while_draining():
     async def main():
         served, engines = supervised(RestartPolicy(max_restarts=3, backoff_s=0.01))

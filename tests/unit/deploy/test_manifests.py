@@ -229,6 +229,9 @@ def test_autoscalers_query_metrics_kiln_exposes():
         renamed[name] = series
     hpa_names = {m["pods"]["metric"]["name"] for m in one("autoscaling/hpa.yaml")["spec"]["metrics"]}
     assert hpa_names <= set(renamed)
+    # Both read the same Prometheus (the adapter chart's default address is another one).
+    servers = {t["metadata"]["serverAddress"] for t in keda["spec"]["triggers"]}
+    assert servers == {f"{adapter['prometheus']['url']}:{adapter['prometheus']['port']}"}
 
 
 # ---- the image ------------------------------------------------------------------------
