@@ -9,6 +9,15 @@ from tests.unit.dataplane.planes import repository_plane
 from tests.unit.serving.models import DOUBLER_PY, add_sub_onnx, basic_repository, doubler_config, write_model
 
 
+async def load_from(repository, name):
+    """Load one model of `repository` as the model-control API does (its error, if any, raised)."""
+    plane = repository_plane(repository, model_control="explicit")
+    try:
+        await plane.load_model(name)
+    finally:
+        await plane.shutdown()
+
+
 def test_valid_repository_has_no_problems(tmp_path, capsys):
     basic_repository(tmp_path)
     assert validate_repository(tmp_path) == []
@@ -51,15 +60,9 @@ def test_bad_warmups_fail_validation_and_load_with_a_config_error(tmp_path, caps
     assert "auto_onnx: invalid config" in text and "'NOPE' is not an input" in text
     assert kiln_main(["repo", "validate", str(tmp_path)]) == 1
 
-    async def load(name):
-        plane = repository_plane(tmp_path, model_control="explicit")
-        try:
-            await plane.load_model(name)
-        finally:
-            await plane.shutdown()
     for name, fragment in (("doubler", "dims [-5]"), ("auto_onnx", "'NOPE' is not an input")):
         with pytest.raises(ModelConfigLoadError) as info:  # a 400, not a 500 from numpy
-            asyncio.run(load(name))
+            asyncio.run(load_from(tmp_path, name))
         assert info.value.http_status == 400 and fragment in info.value.message
 
 
@@ -87,14 +90,8 @@ def test_validate_agrees_with_load_on_what_a_model_may_say(tmp_path):
         "twice: version directories '01' and '1' of 'twice' are both version 1",
     ]
 
-    async def load(name):
-        plane = repository_plane(tmp_path, model_control="explicit")
-        try:
-            await plane.load_model(name)
-        finally:
-            await plane.shutdown()
     with pytest.raises(ModelConfigLoadError, match="step 0 uses version 7 of 'add_sub'"):
-        asyncio.run(load("pinned"))
+        asyncio.run(load_from(tmp_path, "pinned"))
 
 
 def test_an_onnx_model_declaring_one_side_is_read_as_the_load_reads_it(tmp_path):
