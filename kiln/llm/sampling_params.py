@@ -62,6 +62,8 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
 
     def _check_types(self) -> None:
         """Each field of its type, named when it is not (logprobs=2.5 was accepted, then failed
@@ -89,8 +91,6 @@ class SamplingParams:
             bad("logit_bias", "a mapping of token ids to numbers")
         if self.structured is not None and not isinstance(self.structured, GrammarSpec):
             bad("structured", "a GrammarSpec (kiln.llm.structured.spec)")
-        if 0.0 < self.temperature < MIN_TEMPERATURE:
-            self.temperature = MIN_TEMPERATURE
 
     def _validate(self) -> None:
         def bad(param: str, why: str) -> None:
