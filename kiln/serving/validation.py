@@ -29,7 +29,7 @@ def validate_request(request: InferRequest, config: RepositoryModelConfig) -> No
         if config.max_batch_size > 0:
             batch = _check_batch(config, spec, shape, batch)
             shape = shape[1:]
-        if not _matches(shape, spec.dims):
+        if not shape_fits(shape, spec.dims):
             expected = ([-1] if config.max_batch_size else []) + list(spec.dims)
             raise InvalidRequestError(
                 f"unexpected shape for input '{spec.name}' for model '{config.name}'. "
@@ -74,7 +74,8 @@ def _check_batch(config: RepositoryModelConfig, spec: TensorSpec, shape: list[in
     return shape[0]
 
 
-def _matches(shape: list[int], dims: tuple[int, ...]) -> bool:
+def shape_fits(shape: list[int] | tuple[int, ...], dims: tuple[int, ...] | list[int]) -> bool:
+    """Whether `shape` has `dims`' rank and size wherever a dim is not -1."""
     return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims, strict=False))
 
 

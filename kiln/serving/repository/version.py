@@ -30,7 +30,7 @@ from kiln.serving.model import AsyncModel, LoadContext, Model
 from kiln.serving.repository.config import RepositoryModelConfig, TensorSpec, Warmup, check_warmup
 from kiln.serving.stats import ModelStats
 from kiln.serving.types import InferRequest, InferResponse, as_bytes_array, numpy_dtype
-from kiln.serving.validation import validate_request
+from kiln.serving.validation import shape_fits, validate_request
 
 
 def load_instances(
@@ -245,8 +245,7 @@ class LoadedVersion:
         batched = self.config.max_batch_size > 0 and bool(request.inputs)
         if batched:
             declared = [request.batch_size(), *declared]
-        fits = len(shape) == len(declared) and all(d == -1 or d == n for d, n in zip(declared, shape, strict=True))
-        if fits:
+        if shape_fits(shape, declared):
             return None
         what = f"[{', '.join(map(str, declared))}]" + (" (the first: the request's batch)" if batched else "")
         return f"of shape {list(shape)}; its config declares {what}"
