@@ -118,11 +118,12 @@ def run_serve(
     ray_options = given(args, ray_names)
     if ray_options and not args.ray:  # a flag mistake, said before anything is read
         raise KilnError(f"{', '.join('--' + n.replace('_', '-') for n in sorted(ray_options))} need --ray")
-    from kiln.server.preflight import check_ray_installed, check_server_config
+    from kiln.server.preflight import check_ray_address, check_ray_installed, check_server_config
 
     ray_config = RayServeConfig(**ray_options) if args.ray else None
     if args.ray:
         check_ray_installed()
+        check_ray_address(ray_config.ray_address)
     # Under Ray, Kiln's proxy binds the port only on the local cluster it starts itself.
     check_server_config(config, listens=not args.ray, http_only=args.ray and not ray_options.get("ray_address"))
     engine_options = given(args, engine_names)

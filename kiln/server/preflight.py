@@ -29,6 +29,34 @@ def check_ray_installed() -> None:
         raise ConfigError("--ray needs Ray Serve: pip install 'ray[serve]'", param="ray")
 
 
+def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """A cluster address that answers no TCP connection is one line here; Ray itself
+    retries it for minutes before its own traceback. 'auto' and 'local' are Ray's to resolve."""
+    if address is None or address in ("auto", "local"):
+        return
+    host, port = _ray_endpoint(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise ConfigError(f"cannot reach the Ray cluster at {address!r} ({host}:{port}: {e.strerror or e}); "
+                          "start it with `ray start --head`, or leave --ray-address out for a local one",
+                          param="ray_address") from None
+
+
+def _ray_endpoint(address: str) -> tuple[str, int]:
+    """host and port of 'host:port' (the cluster's GCS) or 'ray://host[:port]' (Ray Client, port 10001)."""
+    client = address.startswith("ray://")
+    rest = address.removeprefix("ray://").rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep:
+        host, port = rest, "10001" if client else ""
+    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"ray_address {address!r} is not host:port, ray://host[:port], 'auto' or 'local'",
+                          param="ray_address")
+    return host.strip("[]"), int(port)
+
+
 def check_repository(path: str | None) -> None:
     if path is not None and not Path(path).is_dir():
         raise ConfigError(f"model_repository {path!r} is not a directory", param="model_repository")

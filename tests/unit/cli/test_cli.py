@@ -144,3 +144,23 @@ def test_ray_serve_settings_it_cannot_use_are_one_line_errors(tmp_path, capsys, 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     assert main(["serve", "--ray", "--model-repository", str(tmp_path), "--port", "0"]) == 2
     assert capsys.readouterr().err == "kiln: error: --ray needs Ray Serve: pip install 'ray[serve]'\n"
+
+
+def test_ray_address_that_answers_nothing_is_one_line(tmp_path, capsys, monkeypatch):
+    # Ray retried an unreachable address for minutes before its own traceback.
+    import socket
+
+    import kiln.server.preflight as preflight
+    from kiln.cli.main import main
+
+    monkeypatch.setattr(preflight, "check_ray_installed", lambda: None)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: connections are refused
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+            assert main(["serve", "--ray", "--ray-address", address, "--model-repository", str(tmp_path)]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"kiln: error: cannot reach the Ray cluster at '{address}' (127.0.0.1:{port}: ")
+    for address in ("nohost", "h:0", "h:x", "ray://:10001"):
+        assert main(["serve", "--ray", "--ray-address", address, "--model-repository", str(tmp_path)]) == 2
+        assert f"ray_address '{address}' is not host:port" in capsys.readouterr().err
