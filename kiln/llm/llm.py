@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from kiln.config import EngineConfig
+from kiln.errors import EngineDeadError
 from kiln.llm.engine.input_processor import Prompt
 from kiln.llm.engine.llm_engine import LLMEngine
 from kiln.llm.models.checkpoint import Checkpoint
@@ -44,6 +45,7 @@ class LLM:
         self.engine = LLMEngine(self.config, checkpoint)
         self.tokenizer = self.engine.tokenizer
         self._counter = 0
+        self._shut_down = False
         if self.config.cache.warm_kv_pool:
             self._fault_in_kv_pool()
 
@@ -103,6 +105,9 @@ class LLM:
     def _submit(self, requests: list[tuple[Prompt, SamplingParams, str | None]]) -> list[str]:
         """Add every request or none: one refused aborts those added before it, which
         would otherwise run in the next call (holding KV blocks meanwhile)."""
+        if self._shut_down:  # a parallel engine's workers are gone: "a collective failed" said nothing useful
+            raise EngineDeadError("this LLM was shut down (its `with` block ended or shutdown() was called); "
+                                  "create a new LLM to generate again")
         ids: list[str] = []
         with self._aborted_on_error(ids):
             for prompt, params, pooling in requests:
@@ -122,8 +127,10 @@ class LLM:
             raise
 
     def shutdown(self) -> None:
-        """Stop the worker processes of a tensor/pipeline-parallel engine."""
-        self.engine.shutdown()
+        """Stop the worker processes of a tensor/pipeline-parallel engine; later requests are refused."""
+        if not self._shut_down:
+            self._shut_down = True
+            self.engine.shutdown()
 
     def __enter__(self) -> LLM:
         return self

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kiln import LLM, SamplingParams
+from kiln.errors import EngineDeadError
 from kiln.llm.parallel.model import resident_weight_bytes
 from kiln.llm.request import Request
 from kiln.llm.scheduler.output import ScheduledChunk, SchedulerOutput
@@ -80,3 +81,5 @@ def test_tp2_with_a_float16_kv_cache_matches_one_process(tiny_llama_dir, token_p
     with LLM(str(tiny_llama_dir), **options) as llm:
         assert all(pool.dtype == torch.float16 for pool in llm.engine.core.runner.stage.kv_caches)  # rank 0's shard
         assert greedy(llm, token_prompts) == one
+    with pytest.raises(EngineDeadError, match="this LLM was shut down"):  # was "a collective failed"
+        greedy(llm, token_prompts)
