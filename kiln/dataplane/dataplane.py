@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from kiln.errors import (
     InvalidRequestError,
     KilnError,
     ModelNotFoundError,
+    ModelUnavailableError,
 )
 from kiln.llm.engine.core_client import discard_prespawned
 from kiln.metrics.cost import CostCollector, UsageReading
@@ -242,7 +243,8 @@ class DataPlane:
                 if any(self._is_llm(t.model) for t in self.router.table.routes[name].targets.values())]
 
     def _target_llm(self, target: Target) -> ServedLLM:
-        model = self.models.resolve(target.model, target.version_str).async_model
+        with _target_gone_unavailable(target):
+            model = self.models.resolve(target.model, target.version_str).async_model
         if not isinstance(model, LLMModel) or model.served is None:
             raise InvalidRequestError(f"route target '{target}' is not an LLM", param="model")
         return model.served
@@ -300,8 +302,11 @@ class DataPlane:
             return self.models.resolve(name, version).config
         _no_version(name, version)
         weights = route.weights()
-        heaviest = route.targets[max(weights, key=lambda t: (weights[t], t))]
-        config = self.models.resolve(heaviest.model, heaviest.version_str).config
+        # The heaviest target that serves now: the route is ready while any target with traffic is.
+        ready = [t for t, w in weights.items() if w > 0 and self._target_problem(route.targets[t]) is None]
+        heaviest = route.targets[max(ready or weights, key=lambda t: (weights[t], t))]
+        with _target_gone_unavailable(heaviest):
+            config = self.models.resolve(heaviest.model, heaviest.version_str).config
         return config.model_copy(update={"name": name})  # a route's inputs/outputs are its targets'
 
     def model_versions(self, name: str) -> list[int]:
@@ -310,6 +315,15 @@ class DataPlane:
         return sorted(self.models.entry(name).versions)
 
     def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
+        route = self.router.table.get(name)
+        if route is not None:  # the statistics of the versions its targets name, each under its own name
+            _no_version(name, version)
+            served = {}
+            for target in route.targets.values():
+                with contextlib.suppress(KilnError):  # a target not served now has none
+                    loaded = self.models.resolve(target.model, target.version_str)
+                    served[(target.model, loaded.version)] = loaded.stats
+            return [served[key] for key in sorted(served)]
         if name and version:
             return [self.models.resolve(name, version).stats]
         if name:
@@ -333,7 +347,8 @@ class DataPlane:
             return InferResponse(request.model_name, str(loaded.version), outputs, id=request.id)
         try:
             routed = self._retarget(request, call)
-            loaded, outputs = await self.models.infer(routed)
+            with _target_gone_unavailable(call.target):
+                loaded, outputs = await self.models.infer(routed)
         except BaseException as exc:
             call.finish(exc)
             raise
@@ -355,7 +370,8 @@ class DataPlane:
             return
         try:
             routed = self._retarget(request, call)
-            loaded = self.models.resolve(routed.model_name, routed.model_version)
+            with _target_gone_unavailable(call.target):
+                loaded = self.models.resolve(routed.model_name, routed.model_version)
             async for response in loaded.stream(routed):
                 response.model_name, response.model_version = request.model_name, str(loaded.version)
                 response.parameters = {**response.parameters, TARGET_PARAMETER: str(call.target)}
@@ -488,6 +504,17 @@ class DataPlane:
             for role, pid in (served.pids() if served is not None else {}).items():
                 pids[(name, role)] = pid
         return pids or {("", "api"): os.getpid()}
+
+
+@contextlib.contextmanager
+def _target_gone_unavailable(target: Target) -> Iterator[None]:
+    """A route target whose model or version is no longer served (unloaded, or dropped by a
+    reload's version policy) is the server's failure, a 503 that a canary counts as an error,
+    not the caller's 404: the caller named the route, which exists."""
+    try:
+        yield
+    except ModelNotFoundError as exc:
+        raise ModelUnavailableError(f"route target '{target}' is not served now: {exc.message}") from None
 
 
 def _no_version(name: str, version: str) -> None:

@@ -63,7 +63,8 @@ class RouteCall:
             self.metrics.errors.labels(*self.labels).inc()
         if outcome in (OK, ERROR):
             self.metrics.latency.labels(*self.labels).observe(seconds)
-            self.route.record(self.target, outcome == OK, seconds)
+        if outcome != CANCELLED:  # a client error counts as a request of its side, untimed
+            self.route.record(self.target, outcome != ERROR, seconds if outcome == OK else None)
 
     # ---- LLM streams -----------------------------------------------------------
     def track(self, streams: list[Any]) -> list[Any]:

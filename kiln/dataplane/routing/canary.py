@@ -17,8 +17,11 @@ judges them:
 - a stage past `interval_s` without enough requests on both sides holds
   (reported once per stage) until it has them.
 
-Errors are server-side failures only (the caller decides; client errors
-and cancellations are not recorded).
+Errors are server-side failures only (the caller decides): a client error
+counts as a request of its side but neither as an error nor in latency;
+cancellations are not recorded. The error-rate rule is exact (rational
+arithmetic): a canary exactly `max_error_rate_increase` above the baseline
+passes, as the spec says "at most".
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from kiln.dataplane.routing.spec import CanarySpec
 
@@ -42,16 +46,17 @@ class SideStats:
     errors: int = 0
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_LATENCY_SAMPLES))
 
-    def record(self, ok: bool, latency_s: float) -> None:
+    def record(self, ok: bool, latency_s: float | None) -> None:
+        """One request; ok: no server-side failure; `latency_s` None: not timed (a client error)."""
         self.requests += 1
-        if ok:
-            self.latencies.append(latency_s)
-        else:
+        if not ok:
             self.errors += 1
+        elif latency_s is not None:
+            self.latencies.append(latency_s)
 
     @property
-    def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
+    def error_rate(self) -> Fraction:
+        return Fraction(self.errors, self.requests) if self.requests else Fraction(0)
 
     def quantile(self, q: float) -> float | None:
         """The nearest-rank q-quantile of the successful latencies (None: none yet)."""
@@ -90,7 +95,7 @@ class CanaryController:
         """The canary's percent of the route's traffic now."""
         return 0.0 if self.state == ROLLED_BACK else self.spec.steps[self.stage]
 
-    def record(self, target: str, ok: bool, latency_s: float) -> None:
+    def record(self, target: str, ok: bool, latency_s: float | None) -> None:
         if self.state == RUNNING:
             (self.canary if target == self.spec.target else self.baseline).record(ok, latency_s)
 
@@ -125,9 +130,10 @@ class CanaryController:
     def violation(self) -> str | None:
         """Why the canary is out of bounds in this stage, or None."""
         spec, canary, baseline = self.spec, self.canary, self.baseline
-        if canary.error_rate - baseline.error_rate > spec.max_error_rate_increase:
+        # The limit as written (0.02 is 1/50, not the float below it): 7/100 against 5/100 passes.
+        if canary.error_rate - baseline.error_rate > Fraction(repr(spec.max_error_rate_increase)):
             return (
-                f"error rate {canary.error_rate:.3f} exceeds the baseline's {baseline.error_rate:.3f} "
+                f"error rate {float(canary.error_rate):.3f} exceeds the baseline's {float(baseline.error_rate):.3f} "
                 f"by more than {spec.max_error_rate_increase}"
             )
         if spec.max_latency_ratio is None:

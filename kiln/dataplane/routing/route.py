@@ -51,7 +51,7 @@ class Route:
         """The shadow targets this request is copied to (each by its fraction)."""
         return [t for t, fraction in self.shadows.items() if fraction >= 1 or self.rng.random() < fraction]
 
-    def record(self, target: Target, ok: bool, latency_s: float) -> None:
+    def record(self, target: Target, ok: bool, latency_s: float | None) -> None:
         if self.canary is not None:
             self.canary.record(str(target), ok, latency_s)
 

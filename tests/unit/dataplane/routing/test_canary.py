@@ -76,6 +76,27 @@ def test_error_rate_within_the_allowed_increase_passes():
     assert c.tick(60).kind == "step"
 
 
+def test_error_rate_exactly_at_the_allowed_increase_passes():
+    # 0.07 - 0.05 is 0.020000000000000004 in floats: the default 0.02 rolled this canary back.
+    for canary_errors, baseline_errors, n, limit in ((7, 5, 100, 0.02), (8, 6, 10, 0.2)):
+        c = CanaryController(spec(max_error_rate_increase=limit), now=0.0)
+        for i in range(n):
+            c.record("m@2", i >= canary_errors, 0.1)
+            c.record("m@1", i >= baseline_errors, 0.1)
+        assert c.violation() is None, (canary_errors, baseline_errors, n, limit)
+        c.record("m@2", False, 0.1)  # one more canary error: now above the limit
+        assert "exceeds the baseline's" in c.violation()
+
+
+def test_client_errors_count_as_requests_not_errors_nor_latency():
+    c = CanaryController(spec(), now=0.0)
+    for _ in range(5):
+        c.record("m@2", True, None)
+        c.record("m@1", True, 0.1)
+    assert (c.canary.requests, c.canary.errors, list(c.canary.latencies)) == (5, 0, [])
+    assert c.tick(60).kind == "step"  # judged on min_requests = 5 a side
+
+
 def test_slow_canary_rolls_back_on_latency():
     c = CanaryController(spec(max_latency_ratio=2.0), now=0.0)
     feed(c, 5, canary_s=0.21, baseline_s=0.1)

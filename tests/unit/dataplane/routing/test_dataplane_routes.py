@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kiln.dataplane.routed import TARGET_PARAMETER
 from kiln.errors import ConfigError, InvalidRequestError, KilnError
 from tests.unit.dataplane.planes import repository_plane
-from tests.unit.dataplane.routing.models import request, served_version, versioned_repository
+from tests.unit.dataplane.routing.models import request, served_version, versioned_config, versioned_repository
 
 
 def run(coro):
@@ -252,3 +252,55 @@ def test_price_scope_device_prices_each_gpu_found(tmp_path):
     server = repository_plane(versioned_repository(tmp_path / "s"), price_per_hour=2.0)
     server.device_metrics.read = lambda: ["gpu0", "gpu1"]
     assert server._server_price() == 2.0
+
+
+def test_a_target_a_reload_removed_is_a_server_error_the_canary_counts_and_can_be_zeroed(tmp_path):
+    # It was a 404 "unknown model" (a client error): the canary never rolled back, and the
+    # PATCH to weight 0 was refused ("serves versions [1, 2], not 3").
+    canary = {"target": "m@3", "steps": [50, 100], "interval_s": 60, "min_requests": 5}
+    repo = versioned_repository(tmp_path, routes={"r": {"targets": {"m@1": 1, "m@3": 0}, "canary": canary}})
+    config = versioned_config()
+    config["version_policy"] = {"specific": [1, 2]}
+
+    async def main():
+        plane = await started(repo)
+        await plane.load_model("m", {"config": config})
+        statuses = []
+        for _ in range(40):
+            try:
+                served_version(await plane.infer(request()))
+                statuses.append(200)
+            except KilnError as exc:
+                assert "route target 'm@3' is not served now" in exc.message, exc.message
+                statuses.append(exc.http_status)
+        decisions = plane.router.tick()
+        route = plane.router.patch("r", {"m@3": 0}).describe()
+        after = {served_version(await plane.infer(request())) for _ in range(20)}
+        await plane.shutdown()
+        return statuses, decisions, route, after
+
+    statuses, decisions, route, after = run(main())
+    assert set(statuses) == {200, 503}
+    assert [d.kind for _, d in decisions] == ["rollback"]
+    assert route["canary"]["state"] == "stopped" and after == {1}
+
+
+def test_one_target_down_neither_blocks_patching_the_others_nor_the_route_metadata(tmp_path):
+    repo = versioned_repository(tmp_path, routes={"r": {"targets": {"m@1": 1, "m@2": 1, "m@3": 2}}})
+    config = versioned_config()
+    config["version_policy"] = {"specific": [1, 2]}
+
+    async def main():
+        plane = await started(repo)
+        await plane.load_model("m", {"config": config})
+        plane.router.patch("r", {"m@2": 10})  # was "target 'm@3' cannot take traffic"
+        with pytest.raises(ConfigError, match=r"serves versions \[1, 2\], not 3"):
+            plane.router.patch("r", {"m@3": 5})  # giving the removed target traffic still is refused
+        meta = plane.model_config("r")  # was a 503 from m@3, the heaviest
+        stats = plane.model_statistics("r")  # was a 404 "unknown model"
+        await plane.shutdown()
+        return meta, stats
+
+    meta, stats = run(main())
+    assert meta.name == "r"
+    assert [(s.name, s.version) for s in stats] == [("m", "1"), ("m", "2")]
