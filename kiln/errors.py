@@ -12,6 +12,9 @@ class KilnError(Exception):
     http_status = 500
     grpc_code = "INTERNAL"
     error_type = "internal_error"
+    # The route target a routed request failed on (set by the route's call): the error
+    # answer names it as the success answer does (x-kiln-route-target).
+    route_target: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None):
         super().__init__(message)

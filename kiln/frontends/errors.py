@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from kiln.errors import InvalidRequestError, KilnError
+from kiln.frontends.routing import TARGET_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ def error_body(message: str, error_type: str, param: str | None, status: int) ->
 
 
 def error_response(exc: KilnError) -> JSONResponse:
-    headers = {}
+    headers = {TARGET_HEADER: exc.route_target} if exc.route_target is not None else {}
     retry_after = getattr(exc, "retry_after_s", None)
     if exc.http_status == 503 and retry_after is not None:
         headers["Retry-After"] = str(retry_after)

@@ -57,6 +57,8 @@ class RouteCall:
         if self.outcome is not None:
             return
         self.outcome = outcome = classify(exc)
+        if isinstance(exc, KilnError):
+            exc.route_target = str(self.target)
         seconds = self.clock() - self.start
         self.metrics.requests.labels(*self.labels).inc()
         if outcome == ERROR:

@@ -69,7 +69,10 @@ def _json(value: Any, status: int = 200) -> Response:
 
 
 def error_response(exc: KilnError) -> Response:
-    return _json({"error": exc.message}, exc.http_status)
+    response = _json({"error": exc.message}, exc.http_status)
+    if exc.route_target is not None:
+        response.headers[TARGET_HEADER] = exc.route_target
+    return response
 
 
 def _guard(handler):

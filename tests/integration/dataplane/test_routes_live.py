@@ -153,7 +153,14 @@ def test_kserve_grpc_names_the_target_in_parameters_and_trailing_metadata(server
         request.inputs.add(name="IN", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([1.0, 2.0])
         _, call = pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(
             request, metadata=[("x-kiln-route-key", "carol")])
-        assert dict(call.trailing_metadata())["x-kiln-route-target"] == seen.pop()
+        target = seen.pop()
+        assert dict(call.trailing_metadata())["x-kiln-route-target"] == target
+        bad = pb2.ModelInferRequest(model_name="score")  # an error answer names its target too
+        bad.inputs.add(name="NOPE", datatype="FP32", shape=[1, 1]).contents.fp32_contents.append(1.0)
+        with pytest.raises(grpc.RpcError) as failed:
+            pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(bad, metadata=[("x-kiln-route-key", "carol")])
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert dict(failed.value.trailing_metadata())["x-kiln-route-target"] == target
 
 
 def test_route_cost_and_utilisation_metrics(server):

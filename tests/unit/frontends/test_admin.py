@@ -17,8 +17,8 @@ AUTH = {"Authorization": "Bearer s3cret"}
 INFER = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}
 
 
-def app_client(tmp_path, routes) -> TestClient:
-    repo = versioned_repository(tmp_path, routes=routes)
+def app_client(tmp_path, routes, **parameters) -> TestClient:
+    repo = versioned_repository(tmp_path, routes=routes, **parameters)
     dataplane = DataPlane(ServerConfig(model_repository=str(repo), api_key="s3cret", grpc_port=-1))
     dataplane.load_routes()
     return TestClient(build_app(dataplane))
@@ -93,3 +93,14 @@ def test_kserve_http_names_the_target_in_a_header_and_keys_stick(tmp_path):
         assert "x-kiln-route-target" not in plain.headers and np.isclose(plain.json()["outputs"][0]["data"][0], 1)
         assert client.get("/v2/models/r/ready", headers=AUTH).status_code == 200
         assert client.get("/v2/models/r", headers=AUTH).json()["name"] == "r"
+
+
+def test_an_error_answer_of_a_routed_request_names_its_target(tmp_path):
+    # Only successes named the target: a client could not tell which version failed.
+    with app_client(tmp_path, {"r": {"targets": {"m@2": 1}}}, fail_version=2) as client:
+        wait_ready(client)
+        r = client.post("/v2/models/r/infer", json=INFER, headers=AUTH)
+        assert r.status_code == 500 and "injected" in r.json()["error"]
+        assert r.headers["x-kiln-route-target"] == "m@2"
+        bad = client.post("/v2/models/r/infer", json={"inputs": []}, headers=AUTH)
+        assert bad.status_code == 400 and bad.headers["x-kiln-route-target"] == "m@2"

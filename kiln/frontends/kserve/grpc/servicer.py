@@ -34,7 +34,8 @@ def _guard(method):
         try:
             return await method(self, request, context)
         except KilnError as exc:
-            await context.abort(grpc.StatusCode[exc.grpc_code], exc.message)
+            target = () if exc.route_target is None else ((TARGET_HEADER, exc.route_target),)
+            await context.abort(grpc.StatusCode[exc.grpc_code], exc.message, trailing_metadata=target)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # noqa: BLE001 - never leak internals
