@@ -23,6 +23,7 @@ from kiln.analyze.space import (
     llm_space,
     repository_space,
 )
+from kiln.config_text import load_yaml
 from kiln.errors import ConfigError
 from kiln.serving.repository.config import check_model_name, parse_config
 
@@ -56,7 +57,10 @@ class RepositorySubject:
         path = self.directory / CONFIG_FILE
         if not path.is_file():
             raise ConfigError(f"model {name!r} has no {CONFIG_FILE} in {self.repository}")
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        try:
+            raw = load_yaml(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path} is not valid YAML: {exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} must hold a mapping")
         self.raw: dict[str, Any] = raw

@@ -121,7 +121,7 @@ def run_serve(
     from kiln.server.preflight import check_ray_address, check_ray_installed, check_server_config
 
     ray_config = RayServeConfig(**ray_options) if args.ray else None
-    if args.ray:
+    if ray_config is not None:
         check_ray_installed()
         check_ray_address(ray_config.ray_address)
     # Under Ray, Kiln's proxy binds the port only on the local cluster it starts itself.

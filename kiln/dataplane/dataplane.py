@@ -31,6 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from kiln.config import EngineConfig, ServerConfig, flat_options
+from kiln.config_text import duplicate_json_key
 from kiln.dataplane.autoscale import AutoscaleMonitor
 from kiln.dataplane.llm_model import LLMModel
 from kiln.dataplane.load import SourceLoad, version_load
@@ -321,8 +322,8 @@ class DataPlane:
             served = {}
             for target in route.targets.values():
                 with contextlib.suppress(KilnError):  # a target not served now has none
-                    loaded = self.models.resolve(target.model, target.version_str)
-                    served[(target.model, loaded.version)] = loaded.stats
+                    serving = self.models.resolve(target.model, target.version_str)
+                    served[(target.model, serving.version)] = serving.stats
             return [served[key] for key in sorted(served)]
         if name and version:
             return [self.models.resolve(name, version).stats]
@@ -549,4 +550,7 @@ def _parse_override(value: Any, limits: Limits) -> dict[str, Any]:
     doc = decode_json(value.encode("utf-8"), limits)
     if not isinstance(doc, dict):
         raise InvalidRequestError("the 'config' load parameter must be a JSON object")
+    duplicate = duplicate_json_key(value)
+    if duplicate is not None:  # as in a config.yaml: the last value would win in silence
+        raise InvalidRequestError(f"the 'config' load parameter names the key {duplicate!r} twice in one object")
     return doc

@@ -35,12 +35,12 @@ def admin_router(dataplane: DataPlane) -> APIRouter:
 
     @router.put("/admin/routes/{name}")
     async def put_route(name: str, request: Request) -> dict:
-        spec = parse_route(await read_json_object(request, limit), name)
+        spec = parse_route(await read_json_object(request, limit, unique_keys=True), name)
         return routes.put(name, spec).describe()
 
     @router.patch("/admin/routes/{name}")
     async def patch_route(name: str, request: Request) -> dict:
-        weights = parse_weights(await read_json_object(request, limit))
+        weights = parse_weights(await read_json_object(request, limit, unique_keys=True))
         return routes.patch(name, weights).describe()
 
     @router.delete("/admin/routes/{name}")

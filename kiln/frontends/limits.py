@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 from fastapi import Request
 
+from kiln.config_text import duplicate_json_key
 from kiln.errors import InvalidRequestError
 from kiln.serving.codecs.kserve_http import json_depth
 
@@ -30,7 +31,9 @@ def too_large(size: int | str, limit: int) -> InvalidRequestError:
     )
 
 
-async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
+async def read_json_object(request: Request, max_bytes: int, unique_keys: bool = False) -> dict[str, Any]:
+    """The body as a JSON object; `unique_keys`: a key named twice in an object is an error
+    (configuration documents, where the last value would win in silence)."""
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(declared, max_bytes)
@@ -44,6 +47,9 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     obj = parse_json(bytes(body))
     if not isinstance(obj, dict):
         raise InvalidRequestError(f"request body must be a JSON object, got {type(obj).__name__}")
+    duplicate = duplicate_json_key(bytes(body)) if unique_keys else None
+    if duplicate is not None:
+        raise InvalidRequestError(f"the JSON body names the key {duplicate!r} twice in one object")
     return obj
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kiln.config_text import load_yaml
 from kiln.dataplane.routing.target import Target
 from kiln.errors import ConfigError
 from kiln.serving.repository.config import NAME_RE, format_validation_error
@@ -195,7 +196,7 @@ def read_routes_file(path: Path) -> dict[str, RouteSpec]:
     if path.stat().st_size > MAX_ROUTES_BYTES:
         raise ConfigError(f"{path.name} is larger than {MAX_ROUTES_BYTES} bytes")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path.name} is not valid YAML: {exc}") from None
     return parse_routes(data, path.name)

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from kiln.config_text import load_yaml
 from kiln.errors import ConfigError, ModelNotFoundError
 from kiln.serving.repository.config import RepositoryModelConfig, check_model_name, parse_config
 from kiln.serving.repository.triton_format import from_triton, is_triton_form
@@ -51,7 +52,7 @@ def read_config_file(path: Path, name: str) -> RepositoryModelConfig:
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{CONFIG_FILE} of model '{name}' is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{CONFIG_FILE} of model '{name}' is not valid YAML: {exc}") from None
     return parse_config(data if data is not None else {}, name=name)

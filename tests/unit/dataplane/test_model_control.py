@@ -269,3 +269,21 @@ def test_outputs_that_break_their_declaration_are_errors_naming_them(tmp_path):
     assert nan == f"{prefix} 'OUT' with NaN or infinite values, which INT32 cannot hold"
     assert number == f"{prefix} 'TEXT' that is not all str or bytes: a BYTES element must be str or bytes, got int"
     assert fine == ([[12] * 3] * 2, [[b"a"] * 3] * 2)
+
+
+def test_a_config_override_naming_a_key_twice_is_refused(tmp_path):
+    # As in config.yaml: the last value won in silence.
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+
+    async def main():
+        plane = repository_plane(tmp_path)
+        await plane.start()
+        try:
+            with pytest.raises(KilnError, match="names the key 'max_batch_size' twice") as e:
+                await plane.load_model("doubler", {"config": '{"backend": "python", "max_batch_size": 4, '
+                                                             '"max_batch_size": 0}'})
+            return e.value.http_status
+        finally:
+            await plane.shutdown()
+
+    assert asyncio.run(main()) == 400

@@ -70,6 +70,11 @@ def test_admin_refuses_bad_changes_with_the_reason(tmp_path):
             (client.patch, "/admin/routes/r", {"weights": {"m@9": 0}}, 400, "not 9"),
             (client.patch, "/admin/routes/nope", {"weights": {"m@1": 1}}, 404, "does not exist"),
         ]
+        for path, text in (("/admin/routes/r", '{"weights": {"m@1": 1, "m@1": 0}}'),  # the last won in silence
+                           ("/admin/routes/x", '{"targets": {"m@1": 1}, "targets": {"m@2": 1}}')):
+            method = client.patch if "weights" in text else client.put
+            r = method(path, content=text, headers={**AUTH, "content-type": "application/json"})
+            assert r.status_code == 400 and "names the key" in r.json()["error"]["message"] and "twice" in r.text
         for method, path, body, status, message in cases:
             r = method(path, json=body, headers=AUTH)
             assert r.status_code == status and message in r.json()["error"]["message"], (path, body, r.json())

@@ -38,9 +38,13 @@ def test_each_bad_model_is_reported(tmp_path, capsys):
     })
     write_model(tmp_path, "auto_onnx", {"backend": "onnxruntime", "max_batch_size": 2},
                 {1: {"model.onnx": add_sub_onnx()}})
+    write_model(tmp_path, "twice", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+    (tmp_path / "twice" / "config.yaml").write_text("backend: python\nmax_batch_size: 4\nmax_batch_size: 0\n")
     problems = validate_repository(tmp_path)
     text = "\n".join(problems)
-    assert len(problems) == 4, text
+    assert len(problems) == 5, text
+    assert "twice: config.yaml of model 'twice' is not valid YAML: line 3, column 1: found the key " \
+           "'max_batch_size' twice (first on line 2)" in text
     assert "typo:" in text and "max_batch_sise" in text
     assert "no_artifact: version 1: missing artifact model.py" in text
     assert "no_version:" in text and "bad_graph:" in text and "'missing'" in text

@@ -76,6 +76,9 @@ def test_file_level_mistakes(tmp_path):
     (tmp_path / "routes.yaml").write_text("routes: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         read_routes_file(tmp_path / "routes.yaml")
+    (tmp_path / "routes.yaml").write_text("routes:\n  r:\n    targets: {m@1: 1, m@2: 1, m@1: 0}\n")
+    with pytest.raises(ConfigError, match=r"line 3, column 31: found the key 'm@1' twice"):
+        read_routes_file(tmp_path / "routes.yaml")  # was {m@1: 0, m@2: 1}, the last m@1 winning
 
 
 def test_admin_bodies():
