@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from kiln.dataplane.routing.call import CANCELLED, RouteCall, classify
+from kiln.dataplane.routing.call import CANCELLED, ERROR, OK, RouteCall, classify
 from kiln.dataplane.routing.canary import Decision
 from kiln.dataplane.routing.route import Route, RouteTable
 from kiln.dataplane.routing.shadow import ShadowDispatcher
@@ -161,13 +161,14 @@ class Router:
             labels = (call.route.name, str(target))
 
             def on_done(error: BaseException | None, seconds: float, labels: tuple[str, str] = labels) -> None:
-                if error is not None and classify(error) == CANCELLED:
+                outcome = classify(error)
+                if outcome == CANCELLED:
                     return  # shut down before it finished: no outcome
                 self.metrics.shadow_requests.labels(*labels).inc()
-                if error is not None:
+                if outcome == ERROR:  # as for targets, a client error (the copy of a bad request) is not one
                     self.metrics.shadow_errors.labels(*labels).inc()
                     log.debug("shadow %s of route %s failed: %s", labels[1], labels[0], error)
-                else:
+                elif outcome == OK:
                     self.metrics.shadow_latency.labels(*labels).observe(seconds)
 
             if not self.shadows.dispatch(functools.partial(run, target), on_done):

@@ -142,6 +142,11 @@ class WeightsPatch(_Frozen):
 class RoutesFile(_Frozen):
     routes: dict[str, RouteSpec] = {}
 
+    @field_validator("routes", mode="before")
+    @classmethod
+    def _empty(cls, value: Any) -> Any:
+        return {} if value is None else value  # `routes:` with nothing under it: no routes
+
     @field_validator("routes")
     @classmethod
     def _names(cls, value: dict[str, RouteSpec]) -> dict[str, RouteSpec]:

@@ -5,12 +5,14 @@ import asyncio
 import logging
 import math
 
+import numpy as np
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kiln.dataplane.routed import TARGET_PARAMETER
 from kiln.errors import ConfigError, InvalidRequestError, KilnError
+from kiln.serving.types import InferRequest
 from tests.unit.dataplane.planes import repository_plane
 from tests.unit.dataplane.routing.models import request, served_version, versioned_config, versioned_repository
 
@@ -304,3 +306,27 @@ def test_one_target_down_neither_blocks_patching_the_others_nor_the_route_metada
     meta, stats = run(main())
     assert meta.name == "r"
     assert [(s.name, s.version) for s in stats] == [("m", "1"), ("m", "2")]
+
+
+def test_the_shadow_copy_of_a_bad_request_is_not_a_shadow_error(tmp_path):
+    # kiln:route_shadow_errors_total counted 4xx copies; route_errors_total does not count 4xx.
+    repo = versioned_repository(tmp_path, routes={"r": {"targets": {"m@1": 1}, "shadow": {"m@2": 1.0}}})
+    bad = InferRequest("r", {"NOPE": np.ones((1, 2), np.float32)})
+
+    async def main():
+        plane = await started(repo)
+        for _ in range(5):
+            with pytest.raises(InvalidRequestError):
+                await plane.infer(bad)
+        for _ in range(100):
+            if metric(plane, "kiln:route_shadow_requests_total", route="r") == 5:
+                break
+            await asyncio.sleep(0.01)
+        out = {name: metric(plane, name, route="r") for name in (
+            "kiln:route_shadow_requests_total", "kiln:route_shadow_errors_total", "kiln:route_errors_total",
+            "kiln:route_shadow_latency_seconds_count")}
+        await plane.shutdown()
+        return out
+
+    assert run(main()) == {"kiln:route_shadow_requests_total": 5, "kiln:route_shadow_errors_total": 0,
+                           "kiln:route_errors_total": 0, "kiln:route_shadow_latency_seconds_count": 0}

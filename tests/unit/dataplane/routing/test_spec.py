@@ -73,6 +73,7 @@ def test_file_level_mistakes(tmp_path):
     with pytest.raises(ConfigError, match="must be a mapping"):
         parse_routes(["routes"])
     assert parse_routes(None) == {}
+    assert parse_routes({"routes": None}) == {}  # `routes:` with nothing under it ("valid dictionary" before)
     (tmp_path / "routes.yaml").write_text("routes: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         read_routes_file(tmp_path / "routes.yaml")
