@@ -161,10 +161,14 @@ class LoadedVersion:
                 outputs = self._conform(await self._dispatch(request), request)
                 yield InferResponse(request.model_name, str(self.version), outputs, id=request.id)
                 return
-            async with contextlib.aclosing(responses) as it:
-                async for response in it:
-                    response.outputs = self._conform(response.outputs, request)
-                    yield response
+            start = time.perf_counter_ns()
+            try:
+                async with contextlib.aclosing(responses) as it:
+                    async for response in it:
+                        response.outputs = self._conform(response.outputs, request)
+                        yield response
+            finally:  # one execution, streamed or not, whether it finished, failed or was cancelled
+                self._executed(request, time.perf_counter_ns() - start)
 
     @contextlib.asynccontextmanager
     async def _tracked(self, request: InferRequest) -> AsyncIterator[None]:
@@ -202,16 +206,24 @@ class LoadedVersion:
 
     async def _dispatch(self, request: InferRequest) -> dict[str, np.ndarray]:
         if self.runner is not None:
-            outputs = await self.runner.run(request)
-            self.stats.record_execution(request.batch_size() or 1, 1, 0, 0, 0)
-            return outputs
+            try:
+                return await self.runner.run(request)
+            finally:  # an ensemble's compute is its steps' own: none of its own
+                self._executed(request, 0)
         if self.async_model is not None:
             start = time.perf_counter_ns()
-            outputs = await self.async_model.infer(request)
-            self.stats.record_execution(request.batch_size() or 1, 1, 0, time.perf_counter_ns() - start, 0)
-            return outputs
+            try:
+                return await self.async_model.infer(request)
+            finally:  # failed and cancelled executions count too (as the batcher's)
+                self._executed(request, time.perf_counter_ns() - start)
         assert self.batcher is not None  # invariant: one of the three serves the version
         return await self.batcher.submit(request)
+
+    def _executed(self, request: InferRequest, infer_ns: int) -> None:
+        """One execution outside a batcher (which records its own): statistics and metrics."""
+        rows = request.batch_size() or 1
+        self.stats.record_execution(rows, 1, 0, infer_ns, 0)
+        self.metrics.execution(self.config.name, str(self.version), rows, 0, infer_ns, 0)
 
     def _count(self, start: int, ok: bool, reason: str) -> None:
         elapsed = time.perf_counter_ns() - start
