@@ -163,7 +163,8 @@ class CostCollector(Collector):
         labels = ["model", "version"]
         busy = GaugeMetricFamily(
             "kiln:model_busy_fraction", "Busy seconds per second over the cost window (engine steps or backend "
-            "executions; can exceed 1 with several instances).", labels=labels,
+            "executions, each counted when it ends, so one engine can read a step's length over 1; several "
+            "instances can exceed 1).", labels=labels,
         )
         for (model, version), cost in _sorted(costs):
             busy.add_metric([model, version], cost.busy_fraction)
