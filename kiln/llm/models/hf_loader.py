@@ -79,11 +79,18 @@ def generation_eos_ids(directory: Path) -> tuple[int, ...]:
 
 def _load_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     weights: dict[str, torch.Tensor] = {}
+    found_in: dict[str, Path] = {}
     for file in safetensors_files(directory):
         try:
-            weights.update(load_file(str(file)))
+            tensors = load_file(str(file))
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise ModelLoadError(f"corrupt safetensors file {file}: {e}") from e
+        twice = sorted(tensors.keys() & weights.keys())
+        if twice:  # the later file would win in silence (e.g. two checkpoints' shards in one directory)
+            raise ModelLoadError(f"tensor {twice[0]} is stored in both {found_in[twice[0]].name} and {file.name} "
+                                 f"in {directory}")
+        weights.update(tensors)
+        found_in.update(dict.fromkeys(tensors, file))
     return weights
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kiln.errors import ModelLoadError
-from kiln.llm.quant.formats.int4_weight import Int4Weight, int4_weight
+from kiln.llm.quant.formats.int4_weight import Int4Weight, int4_weight, packed_tensors
 
 SUFFIXES = ("qweight", "qzeros", "scales")
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -36,7 +36,7 @@ class AWQSpec:
     def from_config(cls, qc: dict[str, Any], source: str) -> AWQSpec:
         bits = qc.get("bits", qc.get("w_bit", 4))
         if bits != 4:
-            raise ModelLoadError(f"{source}: AWQ with {bits} bits is not supported (Kiln loads 4-bit AWQ)")
+            raise ModelLoadError(f"{source}: AWQ with bits {bits!r} is not supported (Kiln loads bits: 4)")
         version = str(qc.get("version", "gemm")).lower()
         if version != "gemm":
             raise ModelLoadError(f"{source}: AWQ version {version!r} is not supported (Kiln loads the GEMM layout)")
@@ -50,7 +50,7 @@ class AWQSpec:
 
 def awq_weight(tensors: dict[str, torch.Tensor], spec: AWQSpec, name: str) -> Int4Weight | torch.Tensor:
     """One layer's stored tensors (keys: SUFFIXES) -> its weight in Kiln's int4 layout."""
-    qweight, qzeros, scales = tensors["qweight"], tensors["qzeros"], tensors["scales"]
+    qweight, qzeros, scales = packed_tensors(tensors, name, "AWQ")
     k, n = qweight.shape[0], qweight.shape[1] * 8
     group = k if spec.group_size == -1 else spec.group_size
     if k % group or tuple(scales.shape) != (k // group, n) or tuple(qzeros.shape) != (k // group, n // 8):

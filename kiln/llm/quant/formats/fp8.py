@@ -1,6 +1,6 @@
-"""FP8 (e4m3) checkpoints -> float32 weights, dequantized once at load.
+"""FP8 (e4m3, or e5m2) checkpoints -> float32 weights, dequantized once at load.
 
-Two layouts, per linear layer `P` with an `float8_e4m3fn` `P.weight` [N, K]:
+Two layouts, per linear layer `P` with a `float8_e4m3fn` (or `float8_e5m2`) `P.weight` [N, K]:
 
 - compressed-tensors (`quant_method` "compressed-tensors", format
   "float-quantized" / "naive-quantized" with float 8-bit weights, as
@@ -29,7 +29,8 @@ import torch
 
 from kiln.errors import ModelLoadError
 
-_FP8 = (torch.float8_e4m3fn,)
+# Both OCP FP8 formats: the scale multiplies either the same way (w = weight * scale).
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @dataclass(frozen=True)
@@ -43,16 +44,20 @@ class FP8Spec:
         method = qc.get("quant_method")
         if method == "fp8":
             block = qc.get("weight_block_size")
-            return cls("weight_scale_inv", tuple(block) if block else None, None)
+            return cls("weight_scale_inv", _block(block, "weight_block_size", source) if block else None, None)
         return _compressed_tensors_spec(qc, source)
 
 
 def _compressed_tensors_spec(qc: dict[str, Any], source: str) -> FP8Spec:
     groups = qc.get("config_groups") or {}
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+        raise ModelLoadError(f"{source}: compressed-tensors config_groups must map group names to objects")
     weights = [g.get("weights") or {} for g in groups.values()]
     formats = {str(g.get("format") or qc.get("format") or "") for g in groups.values()} or {str(qc.get("format"))}
     unsupported = formats - {"float-quantized", "naive-quantized"}
-    if unsupported or not weights:
+    if not unsupported and not any(weights):  # said "format 'float-quantized' is not supported"
+        raise ModelLoadError(f"{source}: compressed-tensors config_groups describe no weights")
+    if unsupported:
         raise ModelLoadError(
             f"{source}: compressed-tensors format {', '.join(sorted(unsupported or formats))!r} is not supported "
             "(Kiln loads float-quantized FP8 weights)"
@@ -72,14 +77,25 @@ def _compressed_tensors_spec(qc: dict[str, Any], source: str) -> FP8Spec:
     if strategy in ("tensor", "channel"):
         return FP8Spec("weight_scale", None, None)
     if strategy == "group":
-        return FP8Spec("weight_scale", None, int(weights[0]["group_size"]))
+        group = weights[0].get("group_size")
+        if isinstance(group, bool) or not isinstance(group, int) or group <= 0:
+            raise ModelLoadError(f"{source}: compressed-tensors group strategy needs a positive group_size, "
+                                 f"got {group!r}")
+        return FP8Spec("weight_scale", None, group)
     if strategy == "block":
-        return FP8Spec("weight_scale", tuple(weights[0]["block_structure"]), None)
+        return FP8Spec("weight_scale", _block(weights[0].get("block_structure"), "block_structure", source), None)
     raise ModelLoadError(f"{source}: compressed-tensors weight strategy {strategy!r} is not supported")
 
 
+def _block(value: Any, key: str, source: str) -> tuple[int, int]:
+    if (not isinstance(value, list | tuple) or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise ModelLoadError(f"{source}: {key} must be [rows, cols] of positive integers, got {value!r}")
+    return int(value[0]), int(value[1])
+
+
 def is_fp8(tensor: torch.Tensor) -> bool:
-    return tensor.dtype in _FP8
+    return tensor.dtype in FP8_DTYPES
 
 
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, spec: FP8Spec, name: str) -> torch.Tensor:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from kiln.errors import ModelLoadError
-from kiln.llm.quant.formats.int4_weight import Int4Weight, int4_weight
+from kiln.llm.quant.formats.int4_weight import Int4Weight, int4_weight, packed_tensors
 
 SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 _ZERO_OFFSET = {"gptq": 1, "gptq_v2": 0}
@@ -47,8 +47,8 @@ class GPTQSpec:
     @classmethod
     def from_config(cls, qc: dict[str, Any], source: str) -> GPTQSpec:
         bits = qc.get("bits", 4)
-        if bits != 4:
-            raise ModelLoadError(f"{source}: GPTQ with {bits} bits is not supported (Kiln loads 4-bit GPTQ)")
+        if bits != 4:  # "4" (a string) said "GPTQ with 4 bits is not supported"
+            raise ModelLoadError(f"{source}: GPTQ with bits {bits!r} is not supported (Kiln loads bits: 4)")
         fmt = str(qc.get("checkpoint_format") or "gptq").lower()
         if fmt not in _ZERO_OFFSET:
             raise ModelLoadError(
@@ -63,7 +63,7 @@ class GPTQSpec:
 def gptq_weight(tensors: dict[str, torch.Tensor], spec: GPTQSpec, name: str) -> Int4Weight | torch.Tensor:
     """One layer's stored tensors (keys: SUFFIXES, g_idx optional) -> its
     weight in Kiln's int4 layout (float32 where the layout does not fit)."""
-    qweight, qzeros, scales = tensors["qweight"], tensors["qzeros"], tensors["scales"]
+    qweight, qzeros, scales = packed_tensors(tensors, name, "GPTQ")
     k, n = qweight.shape[0] * 8, qweight.shape[1]
     group = k if spec.group_size == -1 else spec.group_size
     groups = -(-k // group)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 METHODS = ("gptq", "awq", "compressed-tensors", "fp8")
 # One layer's stored tensors by suffix, and its weight name -> its weight.
+Spec = TypeVar("Spec")
 Convert = Callable[[dict[str, torch.Tensor], str], "Int4Weight | torch.Tensor"]
 
 
@@ -58,21 +59,45 @@ def split_prequantized(
     given: every quantized projection's bias is taken as one it has not)."""
     method = quant_method(config)
     if method is None:
+        _refuse_fp8(weights, source, "config.json has no quantization_config")
         return weights, {}
-    qc = config["quantization_config"]
+    floats, quantized = _split(weights, method, config["quantization_config"], source, expected)
+    if method not in ("compressed-tensors", "fp8"):
+        _refuse_fp8(floats, source, f"quant_method {method!r} stores no FP8")
+    return floats, quantized
+
+
+def _refuse_fp8(weights: dict[str, torch.Tensor], source: str, why: str) -> None:
+    """FP8 tensors outside an FP8 checkpoint: their scales are unknown (copied in unscaled, or a torch error)."""
+    name = next((n for n, t in weights.items() if fp8.is_fp8(t)), None)
+    if name is not None:
+        raise ModelLoadError(f"{source}: {name} is stored as {weights[name].dtype}, but {why}")
+
+
+def _split(
+    weights: dict[str, torch.Tensor], method: str, qc: dict[str, Any], source: str, expected: Collection[str]
+) -> tuple[dict[str, torch.Tensor], dict[str, Int4Weight]]:
     if method == "gptq":
-        spec = gptq.GPTQSpec.from_config(qc, source)
+        spec = _spec(lambda: gptq.GPTQSpec.from_config(qc, source), source)
         return _split_int4(weights, gptq.SUFFIXES, lambda t, name: gptq.gptq_weight(t, spec, name), "GPTQ", source,
                            expected)
     if method == "awq":
-        awq_spec = awq.AWQSpec.from_config(qc, source)
+        awq_spec = _spec(lambda: awq.AWQSpec.from_config(qc, source), source)
         return _split_int4(weights, awq.SUFFIXES, lambda t, name: awq.awq_weight(t, awq_spec, name), "AWQ", source,
                            expected)
     if method in ("compressed-tensors", "fp8"):
-        return _dequantize_fp8(weights, fp8.FP8Spec.from_config(qc, source), source), {}
+        return _dequantize_fp8(weights, _spec(lambda: fp8.FP8Spec.from_config(qc, source), source), source), {}
     raise ModelLoadError(
         f"{source}: quant_method {method!r} is not supported (Kiln loads {', '.join(METHODS)})"
     )
+
+
+def _spec(read: Callable[[], Spec], source: str) -> Spec:
+    """A format's settings from quantization_config; a value of the wrong type or shape is a load error."""
+    try:
+        return read()
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        raise ModelLoadError(f"{source}: invalid quantization_config in config.json ({type(e).__name__}: {e})") from e
 
 
 def _split_int4(
@@ -99,6 +124,8 @@ def _split_int4(
         if missing:
             raise ModelLoadError(f"{source}: {prefix} lacks {', '.join(missing)}")
         name = prefix + ".weight"
+        if name in floats:  # one would be dropped in silence; a weight is float or quantized, never both
+            raise ModelLoadError(f"{source}: {prefix} is stored both as {name} and as {label} tensors")
         weight = convert(parts, name)
         if isinstance(weight, Int4Weight) and name not in FLOAT_ONLY:
             quantized[name] = weight
@@ -115,6 +142,14 @@ def _split_int4(
 def _dequantize_fp8(weights: dict[str, torch.Tensor], spec: fp8.FP8Spec, source: str) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     converted = 0
+    # A scale whose weight is not FP8 would be dropped and the weight read unscaled: a wrong model.
+    for name in weights:
+        prefix, _, suffix = name.rpartition(".")
+        weight = weights.get(prefix + ".weight")
+        if suffix == spec.scale_suffix and (weight is None or not fp8.is_fp8(weight)):
+            stored = "no weight" if weight is None else f"a {weight.dtype} weight"
+            raise ModelLoadError(f"{source}: {name} scales {stored}; Kiln reads FP8 weights "
+                                 f"({', '.join(str(d) for d in fp8.FP8_DTYPES)}) with their scales")
     for name, tensor in weights.items():
         prefix, _, suffix = name.rpartition(".")
         if suffix in (spec.scale_suffix, "input_scale"):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from kiln.errors import ModelLoadError
 from kiln.llm.quant.int4_cpu import RUN, Int4CpuLinear, pack_codes
 
 
@@ -136,3 +137,15 @@ def _same_perm(a: Int4Weight, b: Int4Weight) -> bool:
     if a.input_perm is None or b.input_perm is None:
         return a.input_perm is None and b.input_perm is None
     return torch.equal(a.input_perm, b.input_perm)
+
+
+def packed_tensors(tensors: dict[str, torch.Tensor], name: str, label: str) -> tuple[torch.Tensor, ...]:
+    """A GPTQ / AWQ layer's (qweight, qzeros, scales): int32 words of eight codes, float scales. Another
+    dtype is a broken file (float "codes" would be truncated into a wrong model in silence)."""
+    qweight, qzeros, scales = tensors["qweight"], tensors["qzeros"], tensors["scales"]
+    for part, tensor in (("qweight", qweight), ("qzeros", qzeros)):
+        if tensor.dtype != torch.int32:
+            raise ModelLoadError(f"{name}: {label} {part} is stored as {tensor.dtype}, not int32 words of 4-bit codes")
+    if not scales.is_floating_point():
+        raise ModelLoadError(f"{name}: {label} scales are stored as {scales.dtype}, not a float tensor")
+    return qweight, qzeros, scales

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from kiln.errors import ModelLoadError
 from kiln.llm.kernels.ops import kernels_loaded
 from kiln.llm.layers.linear import Linear
 from kiln.llm.quant.formats.int4_weight import Int4Weight, PermutedInput, concat_rows
@@ -49,7 +50,11 @@ class StoredWeights:
     def float(self, name: str) -> torch.Tensor:
         if name in self.quantized:
             return self.quantized[name].dequantize()
-        return self.weights[name]
+        tensor = self.weights[name]
+        if not tensor.is_floating_point():  # copy_ would cast int / bool codes into a wrong model in silence
+            raise ModelLoadError(f"weight {name} is stored as {tensor.dtype}; Kiln reads float weights here "
+                                 "(quantized tensors need their quantization_config)")
+        return tensor
 
     def projection(self, names: Sequence[str]) -> torch.Tensor | QuantizedWeight:
         """The weights `names` stacked along the output dimension, quantized if

@@ -262,3 +262,32 @@ def test_a_pickled_checkpoint_is_never_unpickled(tiny_llama_dir, tmp_path):
     with pytest.raises(ModelLoadError, match=r"pickled \.bin files are not loaded"):
         load_checkpoint(directory)
     assert not marker.exists()
+
+
+def test_a_tensor_stored_in_two_shards_is_refused(tiny_llama_dir, tmp_path):
+    # Without an index, the later file won in silence (a model answering token 0 over and over).
+    from safetensors.torch import load_file, save_file
+
+    directory = _copy_dir(tiny_llama_dir, tmp_path / "m")
+    tensors = load_file(directory / "model.safetensors")
+    name = "model.layers.0.mlp.down_proj.weight"
+    save_file({name: torch.zeros_like(tensors[name])}, directory / "zz-extra.safetensors")
+    with pytest.raises(ModelLoadError, match=f"tensor {name} is stored in both model.safetensors and "
+                                             "zz-extra.safetensors"):
+        load_checkpoint(directory)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
+def test_a_float_weight_stored_as_integers_is_refused(tiny_llama_dir, tmp_path, dtype):
+    # copy_ cast the integers into the float parameter: a wrong model, no error.
+    from safetensors.torch import load_file, save_file
+
+    from tests.unit.llm.quant.formats.compare import kiln_model
+
+    directory = _copy_dir(tiny_llama_dir, tmp_path / "m")
+    tensors = load_file(directory / "model.safetensors")
+    name = "model.layers.0.self_attn.o_proj.weight"
+    tensors[name] = tensors[name].to(dtype)
+    save_file(tensors, directory / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=f"weight {name} is stored as {dtype}; Kiln reads float weights"):
+        kiln_model(load_checkpoint(directory))

@@ -49,7 +49,7 @@ def test_awq_dequantizes_exactly_and_serves_close_to_float(awq_dir, float_model)
     "change,message",
     [
         ({"version": "gemv"}, "AWQ version 'gemv' is not supported"),
-        ({"bits": 3}, "AWQ with 3 bits is not supported"),
+        ({"bits": 3}, "AWQ with bits 3 is not supported"),
         ({"group_size": 64}, "do not fit group_size 64"),
     ],
 )

@@ -43,7 +43,8 @@ def expand(scale: torch.Tensor, shape: torch.Size, block: int = 32) -> torch.Ten
     return scale.expand(shape) if scale.dim() == 2 else scale.reshape(()).expand(shape)
 
 
-def fp8_checkpoint(tmp_path, base, model, layout: str, scale_dtype: torch.dtype):
+def fp8_checkpoint(tmp_path, base, model, layout: str, scale_dtype: torch.dtype,
+                   fp8_dtype: torch.dtype = torch.float8_e4m3fn):
     tensors, reference = {}, {}
     block_layout = layout == "block"
     scale_name = "weight_scale_inv" if block_layout else "weight_scale"
@@ -52,7 +53,7 @@ def fp8_checkpoint(tmp_path, base, model, layout: str, scale_dtype: torch.dtype)
             tensors[name] = w
             continue
         scale = scales_for(w, layout).to(scale_dtype)
-        q = (w / expand(scale.float(), w.shape)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        q = (w / expand(scale.float(), w.shape)).clamp(-FP8_MAX, FP8_MAX).to(fp8_dtype)
         prefix = name.removesuffix("weight")
         tensors[name] = q
         tensors[prefix + scale_name] = scale
@@ -64,7 +65,7 @@ def fp8_checkpoint(tmp_path, base, model, layout: str, scale_dtype: torch.dtype)
         {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32]}
         if block_layout else compressed_tensors_config(layout)
     )
-    return write_hf_dir(tmp_path / f"{layout}-{scale_dtype}", base, tensors, config), reference
+    return write_hf_dir(tmp_path / f"{layout}-{scale_dtype}-{fp8_dtype}", base, tensors, config), reference
 
 
 @pytest.mark.parametrize(
@@ -105,4 +106,59 @@ def test_int4_compressed_tensors_is_refused_by_name(tmp_path, tiny_llama_dir, fl
     config["quantization_config"]["format"] = "pack-quantized"
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="compressed-tensors format 'pack-quantized' is not supported"):
+        load_checkpoint(path)
+
+
+def test_e5m2_weights_are_scaled_too(tmp_path, tiny_llama_dir, float_model):
+    # float8_e5m2 weights loaded with no error and their scales dropped: logprobs off by 1.85.
+    path, reference = fp8_checkpoint(tmp_path, tiny_llama_dir, float_model, "block", torch.float32,
+                                     fp8_dtype=torch.float8_e5m2)
+    ckpt = load_checkpoint(path)
+    for name, ref in reference.items():
+        assert torch.equal(ckpt.weights[name], ref), name
+
+
+@pytest.mark.parametrize("layout,change,message", [
+    # Each was a KeyError / AttributeError / TypeError / ValueError traceback.
+    ("channel", {"strategy": "group"}, "group strategy needs a positive group_size, got None"),
+    ("block", {"weight_block_size": 128}, r"weight_block_size must be \[rows, cols\] of positive integers, got 128"),
+    ("block", {"weight_block_size": [128]}, r"weight_block_size must be \[rows, cols\]"),
+    ("channel", {"config_groups": [{"weights": {}}]}, "config_groups must map group names to objects"),
+    ("channel", {"config_groups": {}}, "config_groups describe no weights"),
+])
+def test_malformed_fp8_settings_are_load_errors(tmp_path, tiny_llama_dir, float_model, layout, change, message):
+    import json
+
+    path, _ = fp8_checkpoint(tmp_path, tiny_llama_dir, float_model, layout, torch.float32)
+    config = json.loads((path / "config.json").read_text())
+    qc = config["quantization_config"]
+    if "strategy" in change:
+        qc["config_groups"]["group_0"]["weights"].update(change)
+    else:
+        qc.update(change)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=message):
+        load_checkpoint(path)
+
+
+def test_fp8_tensors_the_config_does_not_explain_are_refused(tmp_path, tiny_llama_dir, float_model):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path, _ = fp8_checkpoint(tmp_path, tiny_llama_dir, float_model, "channel", torch.float32)
+    config = json.loads((path / "config.json").read_text())
+    del config["quantization_config"]  # a torch "Promotion for Float8 Types" error, or unscaled weights
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"is stored as torch.float8_e4m3fn, but config.json has no "
+                                             r"quantization_config"):
+        load_checkpoint(path)
+
+    path, _ = fp8_checkpoint(tmp_path / "float", tiny_llama_dir, float_model, "channel", torch.float32)
+    (file,) = path.glob("*.safetensors")
+    tensors = load_file(file)
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name] = tensors[name].float()  # a float weight with a scale beside it: the scale was dropped
+    save_file(tensors, file)
+    with pytest.raises(ModelLoadError, match=r"down_proj.weight_scale scales a torch.float32 weight"):
         load_checkpoint(path)

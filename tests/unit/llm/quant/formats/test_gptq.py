@@ -103,7 +103,11 @@ def test_act_order_pieces_with_different_orders_fuse_in_float(tmp_path, tiny_lla
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"bits": 8}, "GPTQ with 8 bits is not supported"),
+        ({"bits": 8}, "GPTQ with bits 8 is not supported"),
+        ({"bits": "4"}, "GPTQ with bits '4' is not supported"),
+        # Each was a ValueError / TypeError traceback (`kiln generate` exit 1).
+        ({"group_size": "abc"}, r"invalid quantization_config in config.json \(ValueError: "),
+        ({"group_size": None}, r"invalid quantization_config in config.json \(TypeError: "),
         ({"checkpoint_format": "marlin"}, "checkpoint_format 'marlin' is not supported"),
         ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported"),
     ],
@@ -125,3 +129,26 @@ def test_tensor_parallel_refuses_a_gptq_directory(tmp_path, tiny_llama_dir, floa
     path, _ = gptq_checkpoint(tmp_path, tiny_llama_dir, float_model, "asym-g32")
     with pytest.raises(ConfigError, match=r"pre-quantized checkpoint \(gptq\).*tensor or pipeline parallelism"):
         open_weights(str(path))
+
+
+def test_packed_tensors_of_another_dtype_and_a_projection_stored_twice_are_refused(tmp_path, tiny_llama_dir,
+                                                                                   float_model):
+    # A float32 qweight was truncated into codes, and a projection stored as both .weight and .qweight lost
+    # its float copy, each in silence.
+    from safetensors.torch import load_file, save_file
+
+    for case in ("float-qweight", "both"):
+        path, _ = gptq_checkpoint(tmp_path / case, tiny_llama_dir, float_model, "asym-g32")
+        (file,) = path.glob("*.safetensors")
+        tensors = load_file(file)
+        prefix = "model.layers.0.mlp.down_proj"
+        if case == "float-qweight":
+            tensors[prefix + ".qweight"] = tensors[prefix + ".qweight"].float()
+            message = r"down_proj.weight: GPTQ qweight is stored as torch.float32, not int32 words"
+        else:
+            tensors[prefix + ".weight"] = torch.zeros(float_model.config.hidden_size,
+                                                      float_model.config.intermediate_size)
+            message = r"model.layers.0.mlp.down_proj is stored both as .*down_proj.weight and as GPTQ tensors"
+        save_file(tensors, file)
+        with pytest.raises(ModelLoadError, match=message):
+            load_checkpoint(path)
