@@ -38,6 +38,7 @@ from kiln.llm.engine.async_llm import AsyncLLM
 from kiln.llm.sampling_params import SamplingParams
 from kiln.llm.structured.spec import GrammarSpec, grammar_syntax
 from kiln.llm.structured.validate import check_spec
+from kiln.llm.tokenizer import is_inline_template
 from kiln.metrics.server_metrics import LLMMetricFamilies, ServerMetrics
 from kiln.serving.batching.batcher import request_priority
 from kiln.serving.model import AsyncModel, LoadContext
@@ -48,6 +49,7 @@ from kiln.serving.types import InferRequest, InferResponse
 
 DEFAULT_MAX_TOKENS = 64
 PATH_OPTIONS = ("model", "draft_model")  # engine options that name files: confined to the version directory
+# (and chat_template where it names a file rather than holding the template)
 INPUTS = (
     TensorSpec(name="text_input", datatype="BYTES", dims=(1,)),
     TensorSpec(name="max_tokens", datatype="INT32", dims=(1,), optional=True),
@@ -65,6 +67,11 @@ def engine_options(parameters: dict[str, Any], version_dir: Path | None) -> dict
         for name in PATH_OPTIONS:
             if options.get(name) is not None:
                 options[name] = str(_inside_version(name, options[name], version_dir))
+        template = options.get("chat_template")
+        if template is not None and not is_inline_template(template):
+            # A file, read into every prompt: one outside would hand any host file (a TLS key) to
+            # whoever can load a config override and call /tokenize + /detokenize.
+            options["chat_template"] = str(_inside_version("chat_template", template, version_dir))
     return options
 
 

@@ -113,12 +113,16 @@ def load_tokenizer(path: str | Path, chat_template: str | None = None) -> Tokeni
     return tokenizer if chat_template is None else tokenizer.with_chat_template(load_chat_template(chat_template))
 
 
+def is_inline_template(value: object) -> bool:
+    """A chat_template value that is Jinja text itself, not the name of a file."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
 def load_chat_template(value: str) -> str:
     """The Jinja chat template `value` names: the text of a file, or `value`
     itself when it is a template (it contains `{{` or `{%`). ConfigError for a
     missing file or a template Jinja cannot parse."""
-    is_template = "{{" in value or "{%" in value
-    if not is_template:
+    if not is_inline_template(value):
         path = Path(value).expanduser()
         if not path.is_file():
             raise ConfigError(

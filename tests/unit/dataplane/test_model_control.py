@@ -60,6 +60,22 @@ def test_llm_paths_must_stay_in_the_version_directory(tmp_path, model):
     assert str(tmp_path) not in e.value.message and e.value.param == "model"
 
 
+@pytest.mark.parametrize("template", ["/etc/passwd", "../../key.pem", "t/../../../x"])
+def test_a_chat_template_file_must_stay_in_the_version_directory(tmp_path, template):
+    # A config override's chat_template could name any host file (a TLS key): /tokenize and /detokenize
+    # then read it back, and the load's error said whether the file existed.
+    version = tmp_path / "llm" / "1"
+    version.mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        engine_options({"chat_template": template}, version)
+    assert e.value.param == "chat_template" and str(tmp_path) not in e.value.message
+    (version / "chat.jinja").write_text("{{ messages }}")
+    assert engine_options({"chat_template": "chat.jinja"}, version)["chat_template"] == str(
+        (version / "chat.jinja").resolve())
+    inline = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert engine_options({"chat_template": inline}, version)["chat_template"] == inline
+
+
 def test_a_symlink_out_of_the_version_directory_is_refused(tmp_path):
     version = tmp_path / "repo" / "llm" / "1"
     version.mkdir(parents=True)
