@@ -36,7 +36,7 @@ from kiln.dataplane.served_llm import ServedLLM
 from kiln.errors import ConfigError, InvalidRequestError
 from kiln.llm.engine.async_llm import AsyncLLM
 from kiln.llm.sampling_params import SamplingParams
-from kiln.llm.structured.spec import GrammarSpec, grammar_syntax
+from kiln.llm.structured.spec import MAX_GRAMMAR_CHARS, GrammarSpec, grammar_syntax
 from kiln.llm.structured.validate import check_spec
 from kiln.llm.tokenizer import is_inline_template
 from kiln.metrics.server_metrics import LLMMetricFamilies, ServerMetrics
@@ -265,6 +265,9 @@ def _structured(parameters: dict[str, Any]) -> GrammarSpec | None:
     name, value = given[0], parameters[given[0]]
     if not isinstance(value, str):
         raise InvalidRequestError(f"parameter {name} must be a string", param=name)
+    if len(value) > MAX_GRAMMAR_CHARS:  # as on the OpenAI routes
+        raise InvalidRequestError(f"parameter {name} has {len(value)} characters; at most {MAX_GRAMMAR_CHARS}",
+                                  param=name)
     spec = GrammarSpec(GUIDED[name] or grammar_syntax(value), value)
     check_spec(spec, name)
     return spec

@@ -24,6 +24,7 @@ from pydantic import AfterValidator, Field
 
 from kiln.frontends.limits import INT64_MAX, INT64_MIN
 from kiln.llm.sampling_params import MAX_CACHE_SALT_CHARS, MAX_LOGPROBS
+from kiln.llm.structured.spec import MAX_GRAMMAR_CHARS as GRAMMAR_CAP
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -38,7 +39,7 @@ MAX_CONTENT_PARTS = 4096
 MAX_TOOLS = 128  # OpenAI's own cap; every tool's schema goes into the prompt
 MAX_TOOL_CALLS = 128  # calls one earlier assistant message may carry
 MAX_CHOICES = 1024  # structured-output choice: one grammar alternative each
-MAX_GRAMMAR_CHARS = 1 << 16  # a regex, grammar, choice or JSON schema (as JSON text) compiled per request
+MAX_GRAMMAR_CHARS = GRAMMAR_CAP  # a regex, grammar, choice or JSON schema (as JSON text) compiled per request
 
 Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
 NonNegativeInt32 = Annotated[int, Field(ge=0, le=INT32_MAX)]

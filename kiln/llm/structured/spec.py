@@ -7,6 +7,9 @@ from dataclasses import dataclass
 # json: a JSON schema (JSON text); json_object: any JSON object (value unused);
 # regex; ebnf: xgrammar's EBNF (GBNF dialect, `root ::= ...`); lark: a Lark grammar.
 GRAMMAR_KINDS = ("json", "json_object", "regex", "ebnf", "lark")
+# A regex, grammar, choice or JSON schema (as JSON text) is compiled per request, on the engine's
+# time: every transport caps its size (a 210,000-character regex took 222 s of CPU).
+MAX_GRAMMAR_CHARS = 1 << 16
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ def test_llm_model_structured_output_parameters(server):
     assert re.fullmatch("[a-c]{3}-[0-9]", r.json()["outputs"][0]["data"][0])
     bad = server.post("/v2/models/tiny/infer", json={**body, "parameters": {"guided_json": '{"type": "nonsense"}'}})
     assert bad.status_code == 400 and "guided_json" in bad.json()["error"]
+    # A 210,000-character regex compiled for 222 s here (the OpenAI routes cap it at 65,536).
+    huge = server.post("/v2/models/tiny/infer", json={**body, "parameters": {"guided_regex": "a" * 70_000}})
+    assert huge.status_code == 400 and "guided_regex has 70000 characters; at most 65536" in huge.json()["error"]
 
 
 def test_python_model_over_grpc_and_health(server):
