@@ -64,7 +64,7 @@ from kiln.serving.codecs.limits import Limits
 from kiln.serving.metrics import ServingMetrics
 from kiln.serving.parameters import flag_parameter
 from kiln.serving.repository.config import RepositoryModelConfig
-from kiln.serving.repository.manager import ModelManager
+from kiln.serving.repository.manager import READY, UNAVAILABLE, ModelManager
 from kiln.serving.repository.version import LoadedVersion
 from kiln.serving.stats import ModelStats
 from kiln.serving.types import InferRequest, InferResponse
@@ -404,7 +404,18 @@ class DataPlane:
             raise DrainingError("the server is shutting down and accepts no new requests")
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        return self.models.index(ready_only)
+        """The repository extension's index. A loaded version whose engine died (or is being
+        replaced) is UNAVAILABLE with the reason: the index said READY while it answered 503s."""
+        rows = []
+        for row in self.models.index():
+            if row.get("state") == READY and "version" in row:
+                loaded = self.models.entry(row["name"]).versions[int(row["version"])]
+                model = loaded.async_model
+                if model is not None and not loaded.healthy():
+                    row = {**row, "state": UNAVAILABLE, "reason": model.health_problem()}
+            if not ready_only or row.get("state") == READY:
+                rows.append(row)
+        return rows
 
     def _check_model_control(self) -> None:
         if self.config.model_control != "explicit":

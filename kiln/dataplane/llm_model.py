@@ -132,6 +132,9 @@ class LLMModel(AsyncModel):
     def healthy(self) -> bool:
         return self.served is not None and self.served.state in ("ready", "draining")
 
+    def health_problem(self) -> str:
+        return "no engine" if self.served is None else f"engine {self.served.state}"
+
     async def unload(self) -> None:
         if self.served is not None:
             await self.served.drain_and_shutdown(self.drain_timeout_s)

@@ -89,6 +89,10 @@ class AsyncModel:
     def healthy(self) -> bool:
         return True
 
+    def health_problem(self) -> str:
+        """Why the model does not serve now (read only when `healthy()` is False)."""
+        return "not healthy"
+
     async def unload(self) -> None:
         pass
 

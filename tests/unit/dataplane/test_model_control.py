@@ -303,3 +303,33 @@ def test_a_config_override_naming_a_key_twice_is_refused(tmp_path):
             await plane.shutdown()
 
     assert asyncio.run(main()) == 400
+
+
+def test_the_repository_index_says_a_version_whose_engine_died_is_unavailable(tmp_path):
+    # It said READY (HTTP and gRPC) while /health said "dead" and every request was a 503.
+    from kiln.serving.model import AsyncModel
+
+    class DeadEngine(AsyncModel):
+        def healthy(self):
+            return False
+
+        def health_problem(self):
+            return "engine dead"
+
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+
+    async def main():
+        plane = repository_plane(tmp_path)
+        await plane.start()
+        try:
+            healthy = plane.repository_index()
+            plane.models.entry("doubler").versions[1].async_model = DeadEngine()
+            return healthy, plane.repository_index(), plane.repository_index(ready_only=True)
+        finally:
+            plane.models.entry("doubler").versions[1].async_model = None
+            await plane.shutdown()
+
+    healthy, dead, ready = asyncio.run(main())
+    assert healthy == [{"name": "doubler", "version": "1", "state": "READY", "reason": ""}]
+    assert dead == [{"name": "doubler", "version": "1", "state": "UNAVAILABLE", "reason": "engine dead"}]
+    assert ready == []
