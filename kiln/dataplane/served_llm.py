@@ -131,6 +131,7 @@ class ServedLLM:
             await _quietly(engine.shutdown())  # reap what is left of it
             await asyncio.sleep(delay)
             self.restarts.record()
+            self.metrics.on_engine_restarting()  # counted as the budget is: killed while loading, it still was one
             new = await self._start_replacement()
             if new is None:
                 continue  # it failed to start: counts as another death

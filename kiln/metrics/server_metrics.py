@@ -141,7 +141,9 @@ class LLMMetricFamilies:
         )
         self.batch_size = hist("kiln:batch_size", "Sequences per engine step.", BATCH_BUCKETS)
         self.step_duration = hist("kiln:step_duration_seconds", "Duration of one engine step.", STEP_BUCKETS)
-        self.engine_restarts = counter("kiln:engine_restarts", "Times the engine was restarted after it died.")
+        self.engine_restarts = counter(
+            "kiln:engine_restarts", "Replacement engines started after the engine died (one that failed to start "
+            "counts too: each uses the restart budget).")
 
 
 class ServerMetrics:
@@ -219,9 +221,12 @@ class ServerMetrics:
         self.waiting.set(0)
         self.kv_usage.set(0.0)
 
+    def on_engine_restarting(self) -> None:
+        """A replacement engine is being started (it may fail to come up: still a restart)."""
+        self.engine_restarts.inc()
+
     def on_engine_restarted(self) -> None:
         """A new engine replaced a dead one: its running totals start again from zero."""
-        self.engine_restarts.inc()
         self._last_totals = dict.fromkeys(self._totals, 0)
 
     def on_rejected(self) -> None:

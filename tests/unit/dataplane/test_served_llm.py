@@ -180,6 +180,7 @@ def test_a_failed_restart_counts_and_is_retried():
         engines[0].die()
         await wait_for(lambda: served.state == "ready" and len(engines) == 2)
         assert len(served.restarts._times) == 2  # the failed attempt and the one that worked
+        assert restarts_counted(served) == 2  # the metric counted 1: replacements that failed were missing
         await served.drain_and_shutdown(1)
 
     asyncio.run(main())
