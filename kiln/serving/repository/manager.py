@@ -255,7 +255,10 @@ class ModelManager:
                     log.exception("loading model %s raised", name)
                 if not was_ready:
                     entry.state, entry.reason = UNAVAILABLE, message
-                raise (ModelConfigLoadError if isinstance(exc, ConfigError) else ModelLoadError)(message) from None
+                # The model's files or settings are unusable (a config, a missing or corrupt file): the
+                # request's to fix, 400 as Triton's; anything else failed in the server, 500.
+                unusable = isinstance(exc, ConfigError | ModelLoadError)
+                raise (ModelConfigLoadError if unusable else ModelLoadError)(message) from None
             old, entry.versions = entry.versions, new
             entry.state, entry.reason = READY, ""
         await self._close_versions(list(old.values()))

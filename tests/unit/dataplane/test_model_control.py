@@ -101,6 +101,7 @@ def test_a_load_override_cannot_point_an_llm_at_the_host(tmp_path):
                 with pytest.raises(ModelLoadError) as e:
                     await plane.load_model("doubler", {"config": llm_config(model)})
                 messages.append(e.value.message)
+                assert e.value.http_status == 400, e.value  # the request's mistake (missing.gguf was a 500)
             return messages, plane.model_states()
         finally:
             await plane.shutdown()
@@ -333,3 +334,21 @@ def test_the_repository_index_says_a_version_whose_engine_died_is_unavailable(tm
     assert healthy == [{"name": "doubler", "version": "1", "state": "READY", "reason": ""}]
     assert dead == [{"name": "doubler", "version": "1", "state": "UNAVAILABLE", "reason": "engine dead"}]
     assert ready == []
+
+
+def test_an_engine_process_that_cannot_load_the_model_is_a_400_load_error(tmp_path):
+    # Across the process boundary the engine's ModelLoadError became "engine failed to start", a 500.
+    write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY, "bad.gguf": "not a GGUF file"}})
+
+    async def main():
+        plane = repository_plane(tmp_path, engine_mode="process")
+        await plane.start()
+        try:
+            with pytest.raises(ModelLoadError) as e:
+                await plane.load_model("doubler", {"config": llm_config("bad.gguf")})
+            return e.value
+        finally:
+            await plane.shutdown()
+
+    error = asyncio.run(main())
+    assert error.http_status == 400 and "engine failed to start: ModelLoadError" in error.message, error.message
