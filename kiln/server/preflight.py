@@ -21,6 +21,9 @@ def check_server_config(config: ServerConfig, listens: bool = True, http_only: b
     if listens or http_only:
         check_listen(config.host, config.port, "port")
     if listens:
+        if config.port > 0 and config.port == config.grpc_port_resolved:  # both bind fine alone: the second fails late
+            raise ConfigError(f"port and grpc_port are both {config.port}; HTTP and gRPC need a port each",
+                              param="grpc_port")
         check_listen(config.host, config.grpc_port_resolved, "grpc_port")
 
 

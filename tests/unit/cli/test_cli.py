@@ -100,6 +100,9 @@ def test_serve_settings_it_cannot_use_are_one_line_errors(tmp_path, capsys):
             (["--model-repository", str(tmp_path), "--port", "0", "--grpc-port", busy], "(grpc_port)"),
             (["--model-repository", str(tmp_path), "--host", "999.1.1.1", "--port", "0", "--grpc-port", "0"],
              "cannot listen on 999.1.1.1:"),
+            # Loaded every model first, then failed in uvicorn with exit code 3.
+            (["--model-repository", str(tmp_path), "--port", "18999", "--grpc-port", "18999"],
+             "port and grpc_port are both 18999; HTTP and gRPC need a port each"),
         ]
         for flags, message in cases:
             assert main(["serve", *flags]) == 2, flags
