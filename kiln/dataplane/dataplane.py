@@ -145,10 +145,8 @@ class DataPlane:
         """Load every model; returns {model: error} for those that failed."""
         if self._housekeeping is None:
             self._housekeeping = asyncio.create_task(self._housekeep())
-        errors = await self.models.load_all()
+        errors = await self.models.load_all()  # which logs each failure
         discard_prespawned()  # a command-line engine started ahead whose config no model took
-        for name, message in errors.items():
-            log.error("model %s is unavailable: %s", name, message)
         self.started = True
         return errors
 

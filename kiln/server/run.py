@@ -15,6 +15,7 @@ import signal
 import uvicorn
 
 from kiln.dataplane.dataplane import DataPlane
+from kiln.errors import KilnError
 from kiln.server.app import build_app
 from kiln.server.http_protocol import HttpLimits, protocol_class
 
@@ -64,7 +65,6 @@ def serve(dataplane: DataPlane) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if server.fatal is not None:
-        log.error("server stopped: %s", server.fatal)
-        return 1
+    if server.fatal is not None:  # `kiln: error: ...`, exit 2, as for a model that fails before the server starts
+        raise KilnError(f"server stopped: {server.fatal}")
     return 0

@@ -167,3 +167,18 @@ def test_ray_address_that_answers_nothing_is_one_line(tmp_path, capsys, monkeypa
     for address in ("nohost", "h:0", "h:x", "ray://:10001"):
         assert main(["serve", "--ray", "--ray-address", address, "--model-repository", str(tmp_path)]) == 2
         assert f"ray_address '{address}' is not host:port" in capsys.readouterr().err
+
+
+def test_serve_exits_2_naming_the_reason_when_its_model_fails_to_load(tmp_path, tiny_llama_dir, capsys):
+    # It logged the error four times and exited 1 ("server stopped: ..."), unlike a failure found
+    # before the server starts (one `kiln: error:` line, exit 2).
+    import shutil
+
+    from kiln.cli.main import main
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    (model / "model.safetensors").unlink()
+    assert main(["serve", str(model), "--port", "0", "--grpc-port", "-1", "--engine-mode", "thread"]) == 2
+    err = capsys.readouterr().err
+    assert "kiln: error: server stopped: model: failed to load 'model': no *.safetensors weights" in err, err
