@@ -81,12 +81,14 @@ def read_model(repository: Path, name: str, override: dict[str, Any] | None = No
         raise ModelNotFoundError(f"model '{name}' is not in the model repository")
     directory = _inside(root, directory)
     if override is not None and is_triton_form(override):  # what GET .../config answered, maybe edited
-        base = read_config_file(directory / CONFIG_FILE, name) if (directory / CONFIG_FILE).is_file() else None
+        config_file = directory / CONFIG_FILE
+        base = read_config_file(_inside(root, config_file), name) if config_file.is_file() else None
         override = from_triton(override, base)
     if override is not None:
         config = parse_config(override, name=name)
-    else:
-        config = read_config_file(directory / CONFIG_FILE, name)
+    else:  # a config.yaml symlinked out of the repository is refused like any other path
+        config_file = directory / CONFIG_FILE
+        config = read_config_file(_inside(root, config_file) if config_file.exists() else config_file, name)
     available = find_versions(directory, root)
     if config.backend == "ensemble":
         # An ensemble has no artifacts; its one version is 1 unless dirs say otherwise.

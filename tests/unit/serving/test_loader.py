@@ -42,3 +42,18 @@ def test_symlink_escaping_the_repository_is_refused(tmp_path):
     os.symlink(outside / "m", repo / "m")
     with pytest.raises(ConfigError, match="outside"):
         read_model(repo, "m")
+
+
+def test_a_config_yaml_symlinked_out_of_the_repository_is_refused(tmp_path):
+    # It loaded: the only path of a model that was not held inside the repository.
+    repo = tmp_path / "repo"
+    write_model(repo, "m", doubler_config(), {1: {"model.py": DOUBLER_PY}})
+    elsewhere = tmp_path / "elsewhere.yaml"
+    (repo / "m" / "config.yaml").rename(elsewhere)
+    os.symlink(elsewhere, repo / "m" / "config.yaml")
+    with pytest.raises(ConfigError, match="'config.yaml' resolves outside the model repository"):
+        read_model(repo, "m")
+    (repo / "m" / "config.yaml").unlink()
+    elsewhere.rename(repo / "shared.yaml")  # a link that stays inside the repository is fine
+    os.symlink(repo / "shared.yaml", repo / "m" / "config.yaml")
+    assert read_model(repo, "m").config.backend == "python"
