@@ -556,7 +556,11 @@ def _parse_override(value: Any, limits: Limits) -> dict[str, Any]:
         return value
     if not isinstance(value, str):
         raise InvalidRequestError("the 'config' load parameter must be a JSON string")
-    doc = decode_json(value.encode("utf-8"), limits)
+    try:
+        doc = decode_json(value.encode("utf-8"), limits)
+    except InvalidRequestError as exc:  # said "failed to parse the request JSON", as if the body were wrong
+        raise InvalidRequestError(f"the 'config' load parameter is not valid JSON: "
+                                  f"{exc.message.removeprefix('failed to parse the request JSON: ')}") from None
     if not isinstance(doc, dict):
         raise InvalidRequestError("the 'config' load parameter must be a JSON object")
     duplicate = duplicate_json_key(value)

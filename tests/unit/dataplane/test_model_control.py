@@ -288,7 +288,7 @@ def test_outputs_that_break_their_declaration_are_errors_naming_them(tmp_path):
     assert fine == ([[12] * 3] * 2, [[b"a"] * 3] * 2)
 
 
-def test_a_config_override_naming_a_key_twice_is_refused(tmp_path):
+def test_a_config_override_naming_a_key_twice_or_not_json_is_refused_by_name(tmp_path):
     # As in config.yaml: the last value won in silence.
     write_model(tmp_path, "doubler", doubler_config(), {1: {"model.py": DOUBLER_PY}})
 
@@ -296,6 +296,8 @@ def test_a_config_override_naming_a_key_twice_is_refused(tmp_path):
         plane = repository_plane(tmp_path)
         await plane.start()
         try:
+            with pytest.raises(KilnError, match=r"the 'config' load parameter is not valid JSON: "):
+                await plane.load_model("doubler", {"config": '{"backend": "python",'})
             with pytest.raises(KilnError, match="names the key 'max_batch_size' twice") as e:
                 await plane.load_model("doubler", {"config": '{"backend": "python", "max_batch_size": 4, '
                                                              '"max_batch_size": 0}'})
