@@ -43,6 +43,24 @@ def _is_type_tag(part: object) -> bool:
     return isinstance(part, str) and (part in _TYPE_TAGS or any(c in part for c in "[]-"))
 
 
+def _member_fits_items(err: dict) -> bool:
+    """Whether a list member of a union is the one the input's items are of: every member reports,
+    and a list's length is checked before its items (131,073 token ids read "at most 4096 items",
+    the limit of a list of strings)."""
+    tag = next((p for p in err["loc"] if _is_type_tag(p)), "")
+    value = err.get("input")
+    if not isinstance(tag, str) or not tag.startswith("list[") or not isinstance(value, list) or not value:
+        return True
+    inner, first = tag[len("list["):], value[0]
+    if isinstance(first, list):
+        return inner.startswith("list[")
+    if isinstance(first, str):
+        return inner.startswith("str")
+    if isinstance(first, int) and not isinstance(first, bool):
+        return "int" in inner and not inner.startswith("list[")
+    return True
+
+
 def invalid_from_pydantic(e: ValidationError) -> InvalidRequestError:
     """The most telling validation problem, naming its field.
 
@@ -50,7 +68,8 @@ def invalid_from_pydantic(e: ValidationError) -> InvalidRequestError:
     broken bound of a member whose type fit ("prompt.0: less than or equal to
     ...") says more than "not a string", so such errors go first."""
     errors = e.errors()
-    err = next((x for x in errors if not x["type"].endswith("_type")), errors[0])
+    telling = [x for x in errors if not x["type"].endswith("_type")]
+    err = next((x for x in telling if _member_fits_items(x)), telling[0] if telling else errors[0])
     parts = [str(p) for p in err["loc"] if not _is_type_tag(p)]
     loc = ".".join(parts) or None
     if err["type"] == "extra_forbidden":

@@ -12,6 +12,7 @@ from kiln.frontends.openai.common import parse
 from kiln.frontends.openai.limits import (
     MAX_CHOICES,
     MAX_GRAMMAR_CHARS,
+    MAX_PROMPT_TOKEN_IDS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOOL_CALLS,
@@ -174,3 +175,13 @@ def test_an_assistant_message_carries_a_bounded_number_of_tool_calls():
 
 def test_max_tokens_zero_scores_the_prompt():
     assert parse(CompletionRequest, {"prompt": "x", "max_tokens": 0, "echo": True}).max_tokens == 0
+
+
+@pytest.mark.parametrize("prompt,limit", [
+    ([1] * (MAX_PROMPT_TOKEN_IDS + 1), MAX_PROMPT_TOKEN_IDS),  # said "at most 4096 items", a string list's limit
+    (["p"] * (MAX_PROMPT_TOKEN_IDS + 1), 4096),
+    ([[1]] * 5000, 4096),
+])
+def test_an_over_long_prompt_list_names_the_limit_of_its_own_kind(prompt, limit):
+    message = refused(CompletionRequest, {"prompt": prompt}).message
+    assert f"at most {limit} items" in message, message
