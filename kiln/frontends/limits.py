@@ -74,10 +74,18 @@ def _too_deep() -> InvalidRequestError:
 def _name_the_culprit(body: bytes) -> None:
     """If the lenient parser reads what the strict one refused, say which value is at fault."""
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_int=_integer)
     except (ValueError, RecursionError):
         return
     check_representable(value)
+
+
+class _LongDigits(str):
+    """An integer literal too long for Python's int() (4,300 digits): kept as its text, refused by name."""
+
+
+def _integer(text: str) -> int | _LongDigits:
+    return int(text) if len(text) <= 64 else _LongDigits(text)
 
 
 def check_representable(value: Any, path: str = "") -> None:
@@ -88,6 +96,9 @@ def check_representable(value: Any, path: str = "") -> None:
     stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
         item, where = stack.pop()
+        if isinstance(item, _LongDigits):
+            raise InvalidRequestError(f"{where or 'value'}: an integer of {len(item.lstrip('-'))} digits is outside "
+                                      "int64", param=where or None)
         if isinstance(item, str):
             _check_text(item, where)
         elif isinstance(item, bool):

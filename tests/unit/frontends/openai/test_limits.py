@@ -113,6 +113,8 @@ def test_the_limits_leave_ordinary_requests_alone():
         (b'{"prompt": "x", "temperature": NaN}', "temperature: number must be finite"),
         (b'{"prompt": "x", "temperature": 1e999}', "temperature: number must be finite"),
         (b'{"prompt": "x", ', "invalid JSON"),
+        # "Integer value out of range" with no field: Python's int() stops at 4,300 digits.
+        (b'{"prompt": "x", "seed": -' + b"9" * 5000 + b"}", "seed: an integer of 5000 digits is outside int64"),
     ],
 )
 def test_bodies_are_parsed_strictly_and_name_the_culprit(raw, words):
