@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -43,7 +44,7 @@ def _is_type_tag(part: object) -> bool:
     return isinstance(part, str) and (part in _TYPE_TAGS or any(c in part for c in "[]-"))
 
 
-def _member_fits_items(err: dict) -> bool:
+def _member_fits_items(err: ErrorDetails) -> bool:
     """Whether a list member of a union is the one the input's items are of: every member reports,
     and a list's length is checked before its items (131,073 token ids read "at most 4096 items",
     the limit of a list of strings)."""
