@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 import msgspec
 
 from kiln.config import EngineConfig
-from kiln.errors import EngineDeadError, InvalidRequestError, KilnError
+from kiln.errors import EngineDeadError, InvalidRequestError, KilnError, ModelLoadError
 from kiln.llm.engine.loop import EngineLoop, ready_message
 from kiln.llm.engine.messages import (
     Abort,
@@ -164,7 +164,9 @@ class ProcessEngineClient(EngineCoreClient):
         if not isinstance(first, Ready):
             message = first.message if isinstance(first, Failed) else "engine sent no ready message"
             self._kill()
-            raise EngineDeadError(f"engine failed to start: {message}")
+            unusable = isinstance(first, Failed) and first.unusable_model
+            # The model's own fault keeps its kind across the process boundary (a load answers 400 for it).
+            raise (ModelLoadError if unusable else EngineDeadError)(f"engine failed to start: {message}")
         self.info = first
         reader = threading.Thread(
             target=self._read_loop, args=(from_engine, on_result), name="kiln-engine-reader", daemon=True

@@ -24,7 +24,7 @@ import msgspec
 import torch
 
 from kiln.config import EngineConfig
-from kiln.errors import KilnError
+from kiln.errors import ConfigError, KilnError, ModelLoadError
 from kiln.llm.engine.builder import build_engine_core
 from kiln.llm.engine.loop import EngineLoop, Inbox, ready_message
 from kiln.llm.engine.messages import Failed, FromEngine, ToEngine, encoder, to_engine_decoder
@@ -75,7 +75,7 @@ def serve_engine(inbox_conn: Connection, outbox_conn: Connection) -> int:
         else:
             log.exception("engine failed")
         with contextlib.suppress(OSError):
-            send(Failed(f"{type(e).__name__}: {e}"))
+            send(Failed(f"{type(e).__name__}: {e}", unusable_model=isinstance(e, ConfigError | ModelLoadError)))
         return 1
     finally:
         if core is not None:

@@ -123,6 +123,7 @@ class StepResult(msgspec.Struct, tag="step"):
 
 class Failed(msgspec.Struct, tag="failed"):
     message: str
+    unusable_model: bool = False  # a ConfigError / ModelLoadError: the model or its settings, not the engine
 
 
 ToEngine = AddRequest | Abort | Shutdown
