@@ -105,10 +105,14 @@ def _flat_specs(
 
 
 def choice_grammar(choices: list[str]) -> GrammarSpec:
-    """Exactly one of the strings (an EBNF alternation of literals)."""
+    """Exactly one of the strings (an EBNF alternation of literals).
+
+    A JSON string literal is an EBNF one (`"`, `\\` and control characters
+    escaped); ensure_ascii=False keeps a character outside the BMP whole, which
+    xgrammar would read as two code points from a surrogate-pair escape."""
     if not choices:
         raise InvalidRequestError("choice must list at least one string", param="structured_outputs.choice")
-    return GrammarSpec("ebnf", "root ::= " + " | ".join(json.dumps(c) for c in choices))
+    return GrammarSpec("ebnf", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices))
 
 
 def grammar_spec(req: StructuredFields) -> tuple[str, GrammarSpec] | None:
