@@ -8,8 +8,10 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import json
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,44 @@ def rust_decoder(hf: PreTrainedTokenizerBase) -> Any:
     return backend.decode
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's piece alphabet (GPT-2's): a byte that is a printable,
+    non-space Latin-1 character is itself; each other byte, in order, is the
+    character 256 + its rank among them. Character -> byte."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(moved)}}
+
+
+BYTE_LEVEL_ALPHABET = _byte_level_alphabet()
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def piece_kind(hf: PreTrainedTokenizerBase) -> str | None:
+    """How a fast tokenizer's pieces spell bytes: "byte_level" (every byte is one
+    alphabet character), "sentencepiece" (byte-fallback pieces <0xHH>, U+2581 for a
+    space) or None (not known: its pieces are not read as bytes)."""
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    decoder = json.dumps(json.loads(backend.to_str()).get("decoder"))
+    if '"ByteLevel"' in decoder:
+        return "byte_level"
+    if '"ByteFallback"' in decoder or '"Metaspace"' in decoder:
+        return "sentencepiece"
+    return None
+
+
+def piece_bytes(piece: str, kind: str) -> bytes | None:
+    """The bytes a piece spells under `kind` (None if it is not spelled so)."""
+    if kind == "byte_level":
+        if all(c in BYTE_LEVEL_ALPHABET for c in piece):
+            return bytes(BYTE_LEVEL_ALPHABET[c] for c in piece)
+        return None
+    byte = _BYTE_PIECE.fullmatch(piece)
+    return bytes([int(byte.group(1), 16)]) if byte else piece.replace("\u2581", " ").encode("utf-8")
+
+
 class Tokenizer:
     def __init__(self, hf: PreTrainedTokenizerBase, source: str, chat_template: str | None = None):
         self.hf = hf
@@ -53,6 +93,8 @@ class Tokenizer:
         # len() counts added tokens too; `hf.vocab_size` does not.
         self.vocab_size: int = len(hf)
         self._rust_decode = rust_decoder(hf)
+        self._pieces = piece_kind(hf)
+        self._added = set(hf.added_tokens_decoder)
 
     @property
     def chat_template(self) -> str | None:
@@ -78,6 +120,19 @@ class Tokenizer:
         if not isinstance(text, str):  # a batch decode's answer; one id list never gets one
             raise TypeError(f"tokenizer decode returned {type(text).__name__}, expected str")
         return text
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for, which may be part of a UTF-8
+        character (its decode alone would then be U+FFFD): read from the piece,
+        whose alphabet the decoder kind fixes. Added tokens, and pieces of a
+        tokenizer of no known kind, fall back to their decoded text's bytes."""
+        if self._pieces is not None and token_id not in self._added:
+            piece = self.hf.convert_ids_to_tokens(int(token_id))
+            if isinstance(piece, str):
+                raw = piece_bytes(piece, self._pieces)
+                if raw is not None:
+                    return raw
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def render_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None

@@ -15,12 +15,25 @@ def json_logprob(logprob: float) -> float:
 
 
 class TokenTexts:
-    """The text of single tokens (special tokens included), cached."""
+    """The text of single tokens (special tokens included), and their exact bytes, cached.
+
+    The text of a token holding part of a UTF-8 character is lossy (U+FFFD, as
+    vLLM's); its bytes are the real ones, so a choice's tokens' bytes join into
+    its content's bytes."""
 
     def __init__(self, tokenizer: Tokenizer, cache_size: int = 65536):
         self.tokenizer = tokenizer
         self.cache: dict[int, str] = {}
+        self.byte_cache: dict[int, bytes] = {}
         self.cache_size = cache_size
+
+    def token_bytes(self, token_id: int) -> bytes:
+        raw = self.byte_cache.get(token_id)
+        if raw is None:
+            raw = self.tokenizer.token_bytes(token_id)
+            if len(self.byte_cache) < self.cache_size:
+                self.byte_cache[token_id] = raw
+        return raw
 
     def __call__(self, token_id: int) -> str:
         text = self.cache.get(token_id)
@@ -50,8 +63,7 @@ def chat_logprobs(entries: list[TokenLogprob], texts: TokenTexts) -> dict:
     """{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}"""
 
     def item(token_id: int, logprob: float) -> dict:
-        text = texts(token_id)
-        return {"token": text, "logprob": json_logprob(logprob), "bytes": list(text.encode("utf-8"))}
+        return {"token": texts(token_id), "logprob": json_logprob(logprob), "bytes": list(texts.token_bytes(token_id))}
 
     return {
         "content": [

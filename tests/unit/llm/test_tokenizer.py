@@ -171,3 +171,33 @@ def test_the_fast_reader_stands_in_for_ggufs_only_inside_the_block():
     with fast_gguf_reader():
         assert gguf.GGUFReader is _FastGGUFReader
     assert gguf.GGUFReader is stock
+
+
+MULTI_BYTE = "日本語のテキスト🎉 and é, 🧑‍🚀"
+
+
+def test_token_bytes_are_what_each_byte_level_token_stands_for(smollm2_tokenizer):
+    # Reference: the tokenizer's own decode. Joined, the tokens' bytes are the text's
+    # bytes (tokens here hold parts of characters); alone, each token's decode is
+    # its bytes read lossily, over the whole vocabulary, special tokens included.
+    tok = smollm2_tokenizer
+    ids = tok.encode(MULTI_BYTE, add_special_tokens=False)
+    assert any("\ufffd" in tok.decode([i]) for i in ids)
+    assert b"".join(tok.token_bytes(i) for i in ids) == MULTI_BYTE.encode("utf-8")
+    for i in range(tok.vocab_size):
+        assert tok.token_bytes(i).decode("utf-8", "replace") == tok.decode([i], skip_special_tokens=False)
+
+
+def test_token_bytes_of_a_sentencepiece_byte_fallback_tokenizer():
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "\u2581": 257, "a": 258, "\u2581a": 259}
+    rust = RustTokenizer(models.BPE(vocab, [("\u2581", "a")], unk_token="<unk>", byte_fallback=True))
+    rust.pre_tokenizer = pre_tokenizers.Metaspace()
+    rust.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok = Tokenizer(PreTrainedTokenizerFast(tokenizer_object=rust), "sentencepiece-like")
+    ids = tok.encode("a 日🎉", add_special_tokens=False)
+    assert 259 in ids and 1 + 0xE6 in ids
+    assert b"".join(tok.token_bytes(i) for i in ids) == tok.decode(ids).encode("utf-8") == " a 日🎉".encode()
