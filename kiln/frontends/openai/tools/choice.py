@@ -22,6 +22,17 @@ from kiln.llm.structured.spec import GrammarSpec
 from kiln.llm.structured.validate import check_enforceable, check_json_schema
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# OpenAI: a function whose `parameters` are omitted takes none, so `{}` is its only arguments.
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def arguments_schema(tool: Tool) -> dict[str, Any]:
+    """The schema a forced call's arguments follow: NO_PARAMETERS when `parameters`
+    is omitted; an empty schema ({}) still asks for an object (arguments are one)."""
+    parameters = tool.function.parameters
+    if parameters is None:
+        return NO_PARAMETERS
+    return parameters or ANY_OBJECT
 
 
 @dataclass
@@ -56,7 +67,7 @@ def plan_tools(req: ToolFields, parser: str) -> ToolPlan:
                 param="tool_choice",
             )
         check_enforceable(tool.function.parameters, f"tools[{names.index(tool.function.name)}].function.parameters")
-        spec = GrammarSpec("json", json.dumps(tool.function.parameters or ANY_OBJECT))
+        spec = GrammarSpec("json", json.dumps(arguments_schema(tool)))
         return ToolPlan(tools, spec, lambda: NamedStream(tool.function.name), False)
     for i, given in enumerate(tools):  # "required": every tool's arguments go through the grammar
         check_enforceable(given.function.parameters, f"tools[{i}].function.parameters")
@@ -70,7 +81,7 @@ def required_grammar(tools: list[Tool], parallel: bool) -> GrammarSpec:
                 "type": "object",
                 "properties": {
                     "name": {"const": t.function.name},
-                    "parameters": t.function.parameters or ANY_OBJECT,
+                    "parameters": arguments_schema(t),
                 },
                 "required": ["name", "parameters"],
                 "additionalProperties": False,

@@ -90,3 +90,20 @@ def test_structured_fields_become_one_checked_spec():
 def test_structured_field_errors_name_the_field(fields, param, words):
     e = error(lambda: grammar_spec(chat(**fields)))
     assert e.param == param and words in e.message
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "ping"}}])
+def test_a_function_without_parameters_takes_only_empty_arguments(tool_choice):
+    # OpenAI: omitted parameters mean an empty parameter list, so {} is the only valid call.
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    plan = plan_tools(chat(tools=[{"type": "function", "function": {"name": "ping"}}], tool_choice=tool_choice),
+                      "hermes")
+    grammar = xgrammar.Grammar.from_json_schema(plan.spec.value, strict_mode=True)
+
+    def call(arguments: str) -> str:
+        return f'[{{"name": "ping", "parameters": {arguments}}}]' if tool_choice == "required" else arguments
+
+    assert _is_grammar_accept_string(grammar, call("{}"))
+    assert not _is_grammar_accept_string(grammar, call('{"x": 1}'))
