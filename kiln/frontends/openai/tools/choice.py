@@ -57,7 +57,7 @@ def plan_tools(req: ToolFields, parser: str) -> ToolPlan:
     if choice == "none":
         return ToolPlan()
     if choice == "auto":
-        return ToolPlan(tools, None, lambda: make_stream(parser), req.parallel_tool_calls)
+        return ToolPlan(tools, None, lambda: make_stream(parser, names), req.parallel_tool_calls)
     if isinstance(choice, NamedToolChoice):
         by_name = {t.function.name: t for t in tools}
         tool = by_name.get(choice.function.name)

@@ -17,6 +17,8 @@ call's ToolArgs concatenate to exactly its final `arguments`.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from kiln.frontends.openai.tools.scanner import ObjectScanner
@@ -99,20 +101,50 @@ def _held_prefix(text: str, marker: str) -> int:
     return 0
 
 
+HERMES_ARGS_KEYS = ("arguments", "parameters")
+
+
+def read_hermes_call(raw: str, tool_names: Collection[str] | None) -> ParsedCall | None:
+    """The call written between the tags, or None when it is not a valid call of a
+    known function (vLLM then answers the text as content): not one JSON object,
+    no string `name` among the request's tools (None: any), no arguments object.
+    The arguments are the model's own text of that object."""
+    try:
+        call = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    if tool_names is not None and call["name"] not in tool_names:
+        return None
+    key = next((k for k in HERMES_ARGS_KEYS if k in call), None)
+    if key is None or not isinstance(call[key], dict):
+        return None
+    scanner = ObjectScanner((key,))
+    scanner.feed(raw.strip())
+    return ParsedCall(call["name"], scanner.value_text())
+
+
 class HermesStream:
+    """Each call is held until its end tag (or the output's end), then sent whole if
+    valid (read_hermes_call) and as content with its tags if not: a stream cannot
+    take back a call it began, so this is how streamed and whole answers agree."""
+
     START, END = "<tool_call>", "</tool_call>"
 
-    def __init__(self) -> None:
+    def __init__(self, tool_names: Collection[str] | None = None) -> None:
+        self.tool_names = tool_names
         self.buf = ""
-        self.state = "content"  # content | call | after
-        self.call: CallReader | None = None
+        self.in_call = False  # buf then holds the call's text after its start tag
+        self.scanner = ObjectScanner(HERMES_ARGS_KEYS)
+        self.scanned = 0  # how much of buf the scanner has read
         self.num_calls = 0
 
     def feed(self, text: str) -> list[Event]:
         self.buf += text
         events: list[Event] = []
         while True:
-            if self.state == "content":
+            if not self.in_call:
                 at = self.buf.find(self.START)
                 if at < 0:
                     keep = _held_prefix(self.buf, self.START)
@@ -124,25 +156,54 @@ class HermesStream:
                 if self.buf[:at].strip() or (at and not self.num_calls):
                     events.append(Content(self.buf[:at]))
                 self.buf = self.buf[at + len(self.START) :]
-                self.call, self.state = CallReader(self.num_calls, ("arguments", "parameters")), "call"
-                self.num_calls += 1
-            elif self.state == "call":
-                assert self.call is not None
-                text, self.buf = self.buf, ""
-                events += self.call.feed(text)
-                if not self.call.scanner.done:
+                self.in_call, self.scanner, self.scanned = True, ObjectScanner(HERMES_ARGS_KEYS), 0
+            else:
+                bounds = self._call_bounds()
+                if bounds is None:
                     return events
-                self.buf, self.state = self.call.rest, "after"
-            else:  # after a call object: drop up to the end tag
-                at = self.buf.find(self.END)
-                if at < 0:
-                    return events
-                self.buf, self.state = self.buf[at + len(self.END) :], "content"
+                events += self._call_events(self.buf[: bounds[0]], closed=True)
+                self.buf, self.in_call = self.buf[bounds[1] :], False
+
+    def _call_bounds(self) -> tuple[int, int] | None:
+        """(index of its end tag, index after it), once the call's end tag is in buf.
+        While the object is open and well formed, an end tag may sit in one of its
+        strings, so only the scanner's end of object (or its giving up) is trusted."""
+        self.scanner.feed(self.buf[self.scanned :])
+        self.scanned = len(self.buf)
+        s = self.scanner
+        if s.done:
+            assert s.end is not None
+            tail = self.buf[s.end :]
+            after = tail.lstrip()
+            if after.startswith(self.END):
+                at = len(self.buf) - len(after)
+                return at, at + len(self.END)
+            if self.END.startswith(after):
+                return None  # the end tag may still come
+        elif not s.error:
+            return None
+        at = self.buf.find(self.END)  # a malformed call: it runs to the first end tag
+        return None if at < 0 else (at, at + len(self.END))
+
+    def _call_events(self, raw: str, closed: bool) -> list[Event]:
+        call = read_hermes_call(raw, self.tool_names)
+        if call is None:
+            return [Content(self.START + raw + (self.END if closed else ""))]
+        index, self.num_calls = self.num_calls, self.num_calls + 1
+        return [ToolStart(index, call.name), ToolArgs(index, call.arguments)]
 
     def finish(self) -> list[Event]:
-        if self.state == "content" and self.buf and (self.buf.strip() or not self.num_calls):
-            return [Content(self.buf)]
-        return []
+        events: list[Event] = []
+        while self.in_call:  # a call still open: it runs to the first end tag, or to the end
+            at = self.buf.find(self.END)
+            raw, self.buf = (self.buf, "") if at < 0 else (self.buf[:at], self.buf[at + len(self.END) :])
+            self.in_call = False
+            events += self._call_events(raw, closed=at >= 0)
+            events += self.feed("")
+        if self.buf and (self.buf.strip() or not self.num_calls):
+            events.append(Content(self.buf))
+            self.buf = ""
+        return events
 
 
 class Llama3JsonStream:
@@ -246,11 +307,13 @@ class NamedStream:
 ToolStream = HermesStream | Llama3JsonStream | KilnJsonStream | NamedStream
 
 
-def make_stream(parser: str) -> ToolStream:
+def make_stream(parser: str, tool_names: Collection[str] | None = None) -> ToolStream:
+    """A stream for the family's format; `tool_names` (None: any) are the functions
+    a hermes call may name."""
     if parser == "llama3_json":
         return Llama3JsonStream()
     if parser == "hermes":
-        return HermesStream()
+        return HermesStream(tool_names)
     raise ValueError(f"unknown tool parser {parser!r}")
 
 
@@ -262,10 +325,9 @@ def collate(events: list[Event]) -> Parsed:
             calls[e.index] = ParsedCall(e.name, "")
         elif isinstance(e, ToolArgs):
             calls[e.index].arguments += e.text
-    # Beside calls, whitespace is the calls' layout; without any, the text is the
-    # answer as it streams (and as it reads without `tools`), spaces and all.
-    text = content.strip() if calls else content
-    return Parsed(text or None, [calls[i] for i in sorted(calls)])
+    # The content exactly as it streams (whitespace beside a call included), so a
+    # whole answer and the join of its stream agree.
+    return Parsed(content or None, [calls[i] for i in sorted(calls)])
 
 
 def parse(stream: ToolStream, text: str) -> Parsed:

@@ -10,6 +10,8 @@ from kiln.frontends.openai.tools.parsers import (
     Content,
     KilnJsonStream,
     NamedStream,
+    Parsed,
+    ParsedCall,
     ToolArgs,
     ToolStart,
     collate,
@@ -34,7 +36,7 @@ def streamed(stream, text: str, piece: int):
 
 def test_hermes_calls_and_content():
     parsed = parse(make_stream("hermes"), HERMES)
-    assert parsed.content == "Let me look."
+    assert parsed.content == "Let me look.\n"  # as it streams: the whitespace beside a call is kept
     assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [
         ("get_weather", {"city": "Paris", "days": [1, 2]}),
         ("search", {"q": 'a } in a string " and an escape'}),
@@ -105,3 +107,43 @@ def test_a_developer_message_reaches_the_template_as_system():
     for knows_tools in (True, False):
         assert message_dict(ChatMessage(role="developer", content="Answer in French"), knows_tools) == {
             "role": "system", "content": "Answer in French"}
+
+
+TOOLS = {"get_weather", "ping", "search"}
+BROKEN = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\n</tool_call>'
+NO_ARGUMENTS = '<tool_call>\n{"name": "ping"}\n</tool_call>'
+UNKNOWN = '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>'
+NOT_AN_OBJECT = '<tool_call>\n{"name": "ping", "arguments": "{}"}\n</tool_call>'
+JUNK_AFTER = '<tool_call>\n{"name": "ping", "arguments": {}} and more\n</tool_call>'
+PING = '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("invalid", [BROKEN, NO_ARGUMENTS, UNKNOWN, NOT_AN_OBJECT, JUNK_AFTER])
+@pytest.mark.parametrize("piece", [1, 4, 1000])
+def test_an_invalid_or_unknown_hermes_call_is_content_streamed_or_whole(invalid, piece):
+    # vLLM answers text whose call does not parse as content; a stream must agree, so
+    # a call is only sent once it is known valid.
+    for text in (invalid, "Sure.\n" + invalid + "\nDone."):
+        assert parse(make_stream("hermes", TOOLS), text) == Parsed(text, [])
+        assert collate(streamed(make_stream("hermes", TOOLS), text, piece)) == Parsed(text, [])
+    # beside a valid call, it is the content and the valid one the call
+    text = invalid + "\n" + PING
+    expected = Parsed(invalid + "\n", [ParsedCall("ping", "{}")])
+    assert parse(make_stream("hermes", TOOLS), text) == expected
+    assert collate(streamed(make_stream("hermes", TOOLS), text, piece)) == expected
+
+
+@pytest.mark.parametrize("piece", [1, 5, 1000])
+def test_an_end_tag_inside_an_argument_string_and_an_unclosed_last_call(piece):
+    text = ('<tool_call>\n{"name": "search", "arguments": {"q": "</tool_call>"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "ping", "arguments": {"n": 1}}')  # cut by max_tokens after a whole object
+    expected = Parsed(None, [ParsedCall("search", '{"q": "</tool_call>"}'), ParsedCall("ping", '{"n": 1}')])
+    assert parse(make_stream("hermes", TOOLS), text) == expected
+    assert collate(streamed(make_stream("hermes", TOOLS), text, piece)) == expected
+
+
+def test_whitespace_beside_a_call_streams_and_reads_whole_the_same():
+    text = "Sure.\n" + PING + "\n"
+    for piece in (1, 3, 1000):
+        assert collate(streamed(make_stream("hermes", TOOLS), text, piece)).content == "Sure.\n"
+    assert parse(make_stream("hermes", TOOLS), text) == Parsed("Sure.\n", [ParsedCall("ping", "{}")])
