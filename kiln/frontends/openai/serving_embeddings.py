@@ -28,6 +28,7 @@ from kiln.frontends.openai.serving_completions import split_prompts
 from kiln.frontends.openai.streams import ClientGone, close_all, collect_finals, unless_disconnected
 from kiln.frontends.openai.strict import Strict
 from kiln.frontends.routing import report_target, route_key, with_target
+from kiln.llm.engine.input_processor import InputProcessor
 from kiln.llm.sampling_params import SamplingParams
 
 
@@ -60,6 +61,25 @@ def encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
     return vector.tolist()
 
 
+
+def tokenized_inputs(inputs: InputProcessor, given: str | list) -> list[list[int]]:
+    """Each input's token ids. The engine's checks name a `prompt`; here the field
+    is `input`, so a problem is a 400 naming it (and which one, in a list of them)."""
+    texts = split_prompts(given, "input")
+    single = isinstance(given, str) or isinstance(given[0], int)
+    out = []
+    for i, text in enumerate(texts):
+        name = "input" if single else f"input[{i}]"
+        if len(text) == 0:
+            raise InvalidRequestError(f"{name} must not be empty", param="input")
+        try:
+            out.append(inputs.tokenize(text)[1])
+        except InvalidRequestError as e:
+            if e.param != "prompt":
+                raise
+            raise InvalidRequestError(e.message.replace("prompt", name, 1), param="input") from None
+    return out
+
 class EmbeddingServing:
     def __init__(self, dataplane: DataPlane):
         self.dataplane = dataplane
@@ -86,7 +106,7 @@ class EmbeddingServing:
                 f"model {served.name!r} does not support dimensions (it is not a matryoshka embedding model)",
                 param="dimensions",
             )
-        prompts = [engine.inputs.tokenize(p)[1] for p in split_prompts(req.input, "input")]
+        prompts = tokenized_inputs(engine.inputs, req.input)
         served.admit(engine, len(prompts))
         group = new_id("embd")
         pooling = req.pooling or settings.pooling
