@@ -32,7 +32,7 @@ from kiln.llm.request import Request, RequestStatus
 from kiln.llm.sampling.output import SampledToken
 from kiln.llm.scheduler.output import RunnerOutput, ScheduledChunk, SchedulerOutput
 from kiln.llm.scheduler.queue import make_waiting_queue, priority_key
-from kiln.llm.scheduler.stopping import check_stop
+from kiln.llm.scheduler.stopping import check_stop, prefill_only_status
 
 
 @dataclass
@@ -241,7 +241,7 @@ class Scheduler:
             request.num_computed_tokens += chunk.num_tokens
             if request.prefill_only:
                 if chunk.sample:  # the prompt is done: nothing to sample
-                    self._finish(request, RequestStatus.FINISHED_STOPPED)
+                    self._finish(request, prefill_only_status(request))
                     touched.append(request)
                 continue
             sampled = result.sampled.get(request.request_id)

@@ -21,3 +21,10 @@ def check_stop(request: Request, token_id: int, max_model_len: int) -> RequestSt
     if n_out >= params.max_tokens or request.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None
+
+
+def prefill_only_status(request: Request) -> RequestStatus:
+    """How a prefill-only request ends once its prompt is done: prompt scoring
+    (max_tokens 0) has reached its max_tokens, so `length` (as vLLM and OpenAI
+    answer echo with max_tokens 0); an embedding simply stops."""
+    return RequestStatus.FINISHED_STOPPED if request.pooling is not None else RequestStatus.FINISHED_LENGTH
