@@ -29,7 +29,8 @@ from kiln.llm.structured.validate import check_spec
 class JsonSchemaFormat(Strict):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
-    name: str = Field(default="response", max_length=64)
+    # OpenAI's rule for the name (letters, digits, '_' and '-', at most 64)
+    name: str = Field(default="response", pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
     schema_: Schema | None = Field(default=None, alias="schema")
     strict: bool | None = None
