@@ -13,7 +13,14 @@ connection for as long as the client likes. Here, per connection:
   after the connection opened): else 408 and close (slow-loris);
 - a request still being sent that sends nothing for `timeout_idle_s` is
   dropped (the application sees a disconnect); time the server itself stops
-  reading (flow control) does not count.
+  reading (flow control) does not count;
+- at most `MAX_PIPELINED` pipelined requests wait behind the one being
+  answered: past that, the bytes already read wait unparsed and the
+  connection is not read until the queue drains. uvicorn resumes reading
+  after every response, so a client that pipelines without reading its
+  answers would otherwise queue requests (and their answers) without bound.
+  Answers themselves wait for the transport's write buffer to drain
+  (uvicorn's `FlowControl`, driven by `pause_writing`/`resume_writing`).
 
 Idle keep-alive connections between requests are uvicorn's
 (`timeout_keep_alive`). Writes go through `CoalescingTransport` (a response's
@@ -23,12 +30,22 @@ head and body in one send).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kiln.config import ServerConfig
 from kiln.server.coalescing import CoalescingTransport
+
+# Requests parsed ahead of the one being answered, per connection. Enough for
+# any client that pipelines to keep the server busy; the bytes behind them wait.
+MAX_PIPELINED = 16
+# The parser is fed this much at a time, so it stops soon after the queue is
+# full: one slice holds at most FEED_BYTES / 18 requests ("GET / HTTP/1.1" and
+# two CRLFs is the shortest), so the queue never exceeds MAX_PIPELINED + that.
+FEED_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -52,9 +69,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        self.flow = _HeldFlow(self.transport, may_read=self._may_read)
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._rejection: bytes | None = None
+        self._unparsed = memoryview(b"")  # read, not yet fed to the parser: waits while the pipeline is full
         self._start_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -64,9 +83,34 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._receiving:
             self._arm_idle()
+        self._unparsed = memoryview(bytes(self._unparsed) + data) if self._unparsed else memoryview(data)
+        self._parse_unparsed()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # starts the next pipelined request; its resume_reading waits for _may_read
+        if not self.transport.is_closing():
+            self._parse_unparsed()
+            self.flow.resume_reading()  # as uvicorn does after each response, once nothing is held back
+
+    # ---- pipelining ------------------------------------------------------------
+    def _parse_unparsed(self) -> None:
+        """Feed what was read to the parser until it is used up or the pipeline is full."""
+        while self._unparsed and not self._pipeline_full() and not self.transport.is_closing():
+            piece, self._unparsed = self._unparsed[:FEED_BYTES], self._unparsed[FEED_BYTES:]
+            self._feed(piece)
+        if self._unparsed or self._pipeline_full():
+            self.flow.pause_reading()  # resumed by on_response_complete once a queued request is answered
+
+    def _pipeline_full(self) -> bool:
+        return len(self.pipeline) >= MAX_PIPELINED
+
+    def _may_read(self) -> bool:
+        return not self._unparsed and not self._pipeline_full()
+
+    def _feed(self, piece: memoryview) -> None:
         if self._in_head:
-            self._head_bytes += len(data)
-        super().data_received(data)
+            self._head_bytes += len(piece)
+        super().data_received(piece)  # type: ignore[arg-type]  # httptools reads any buffer
         if self._in_head and self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
             self._reject_head(f"request head exceeds {self.limits.max_header_bytes} bytes")
 
@@ -157,6 +201,22 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if timer is not None:
                 timer.cancel()
         self._head_timer = self._idle_timer = None
+
+
+class _HeldFlow(FlowControl):
+    """uvicorn's flow control, except that reading stays paused while the protocol holds bytes back.
+
+    uvicorn resumes reading whenever a handler waits for its body (`receive`)
+    or a response ends; each such read would add to the bytes held unparsed.
+    """
+
+    def __init__(self, transport: asyncio.Transport, may_read: Callable[[], bool]):
+        super().__init__(transport)
+        self._may_read = may_read
+
+    def resume_reading(self) -> None:
+        if self._may_read():
+            super().resume_reading()
 
 
 def _response(status: int, message: str) -> bytes:

@@ -1,0 +1,105 @@
+"""LimitedHttpToolsProtocol against real sockets: a uvicorn server in a thread, a tiny app."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import uvicorn
+
+from kiln.server.http_protocol import FEED_BYTES, MAX_PIPELINED, HttpLimits, protocol_class
+
+LIMITS = HttpLimits(max_header_bytes=32768, max_header_count=100, timeout_header_s=10, timeout_idle_s=30)
+READ_BYTES = 256 * 1024  # the most one read of asyncio's or uvloop's transports returns
+GET = b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+async def echo_path(scope, receive, send):
+    """Answers every request with its path after reading its whole body."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    body = scope["path"].encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Watched:
+    """The server's protocols, and the most it ever queued or buffered on one connection."""
+
+    def __init__(self):
+        self.max_pipeline = self.max_unsent = self.max_held = 0
+
+    def protocol(self, limits: HttpLimits):
+        watched = self
+
+        class Watching(protocol_class(limits)):
+            def data_received(self, data):
+                super().data_received(data)
+                watched.max_held = max(watched.max_held, len(self._unparsed))
+
+            def on_headers_complete(self):
+                super().on_headers_complete()
+                watched.max_pipeline = max(watched.max_pipeline, len(self.pipeline))
+                watched.max_unsent = max(watched.max_unsent, self.transport.get_write_buffer_size())
+        return Watching
+
+
+@contextlib.contextmanager
+def serving(limits: HttpLimits = LIMITS, app=echo_path):
+    watched = Watched()
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, http=watched.protocol(limits), log_level="error",
+                            lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1], watched
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def test_a_client_that_pipelines_without_reading_makes_the_server_queue_a_bounded_amount():
+    with serving() as (port, watched):
+        client = connect(port)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.settimeout(0.5)
+        sent = 0
+        with contextlib.suppress(TimeoutError):  # the server stops reading: our send blocks
+            while sent < 200_000:
+                client.sendall(GET * 1000)
+                sent += 1000
+        client.close()
+    assert sent < 200_000  # the server stopped reading, so the client could not go on
+    assert watched.max_pipeline <= MAX_PIPELINED + FEED_BYTES // len(GET)
+    assert watched.max_unsent < 1 << 20
+    assert watched.max_held <= READ_BYTES  # what one read brings: no further read while bytes are held
+
+
+def test_a_reading_client_gets_every_pipelined_answer_in_order():
+    n = 5000
+    with serving() as (port, _):
+        client = connect(port)
+        requests = b"".join(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(n))
+        sender = threading.Thread(target=client.sendall, args=(requests,))
+        sender.start()
+        received = b""
+        while received.count(b"HTTP/1.1 200") < n or not received.endswith(b"/%d" % (n - 1)):
+            chunk = client.recv(1 << 16)
+            assert chunk, "connection closed early"
+            received += chunk
+        sender.join()
+        client.close()
+    bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in received.split(b"HTTP/1.1 200 OK\r\n")[1:]]
+    assert bodies == [b"/%d" % i for i in range(n)]
