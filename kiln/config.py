@@ -455,7 +455,9 @@ class ServerConfig:
     max_header_bytes: int = option(32768, "largest HTTP request head (request line + headers), bytes; 431 above")
     max_header_count: int = option(100, "most HTTP request headers; 431 above")
     timeout_header_s: float = option(10.0, "seconds a client has to send a request's head (line + headers)")
-    timeout_idle_s: float = option(30.0, "seconds an unfinished request may send nothing before it is dropped")
+    timeout_idle_s: float = option(30.0, "seconds an unfinished request may send nothing before it gets 408")
+    timeout_body_s: float = option(60.0, "seconds a request may take to send its body (from its head); 408 after")
+    max_connections: int = option(4096, "most open HTTP connections; one more gets 503 and is closed")
     timeout_keep_alive_s: int = option(5, "seconds an idle keep-alive HTTP connection stays open")
     max_tokens_limit: int | None = option(None, "largest max_tokens a request may ask (default: the context)")
     tool_call_parser: str = option(
@@ -506,7 +508,8 @@ class ServerConfig:
             raise ConfigError(
                 "need 0 <= engine_restart_backoff_s <= engine_restart_backoff_max_s", param="engine_restart_backoff_s"
             )
-        for name in ("engine_restart_window_s", "timeout_header_s", "timeout_idle_s", "timeout_keep_alive_s"):
+        for name in ("engine_restart_window_s", "timeout_header_s", "timeout_idle_s", "timeout_body_s",
+                     "timeout_keep_alive_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ConfigError(f"{name} must be a positive number, got {getattr(self, name)}", param=name)
         if not 1024 <= self.max_header_bytes <= 1 << 24:
@@ -516,7 +519,7 @@ class ServerConfig:
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be non-negative", param=name)
         for name in ("max_request_bytes", "max_tensor_request_bytes", "max_n", "max_prompts_per_request",
-                     "max_header_count"):
+                     "max_header_count", "max_connections"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive", param=name)
         if not 0 <= self.shutdown_timeout < float("inf"):

@@ -11,9 +11,14 @@ connection for as long as the client likes. Here, per connection:
   a never-ending header cannot grow memory either);
 - the head must be complete `timeout_header_s` after its first byte (or
   after the connection opened): else 408 and close (slow-loris);
-- a request still being sent that sends nothing for `timeout_idle_s` is
-  dropped (the application sees a disconnect); time the server itself stops
-  reading (flow control) does not count;
+- a request still being sent that sends nothing for `timeout_idle_s`, or
+  whose body is not complete `timeout_body_s` after its head, gets 408 and
+  the connection closes (the application sees a disconnect): a byte every few
+  seconds no longer holds a connection forever. Time the server itself stops
+  reading (flow control) counts against neither;
+- at most `max_connections` connections are open at once: one more gets 503
+  and is closed at once, before anything is read, so the connections already
+  admitted (and their requests) are untouched;
 - at most `MAX_PIPELINED` pipelined requests wait behind the one being
   answered: past that, the bytes already read wait unparsed and the
   connection is not read until the queue drains. uvicorn resumes reading
@@ -54,10 +59,13 @@ class HttpLimits:
     max_header_count: int
     timeout_header_s: float
     timeout_idle_s: float
+    timeout_body_s: float
+    max_connections: int
 
     @classmethod
     def of(cls, config: ServerConfig) -> HttpLimits:
-        return cls(config.max_header_bytes, config.max_header_count, config.timeout_header_s, config.timeout_idle_s)
+        return cls(config.max_header_bytes, config.max_header_count, config.timeout_header_s, config.timeout_idle_s,
+                   config.timeout_body_s, config.max_connections)
 
 
 class _HeadTooLarge(Exception):
@@ -68,12 +76,19 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     limits: HttpLimits  # set on the subclass `protocol_class` makes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        over_capacity = len(self.connections) >= self.limits.max_connections  # counted before this one joins
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         self.flow = _HeldFlow(self.transport, may_read=self._may_read)
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._declares_body = False
         self._rejection: bytes | None = None
         self._unparsed = memoryview(b"")  # read, not yet fed to the parser: waits while the pipeline is full
+        if over_capacity:
+            self.transport.write(_response(503, f"more than {self.limits.max_connections} open connections"))
+            self.transport.close()
+            return
         self._start_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -129,6 +144,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_size += len(name) + len(value) + 4
         self._head_count += 1
         self._check_head()
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._declares_body = True
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -136,13 +153,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if self._declares_body:
+            self._body_timer = self.loop.call_later(self.limits.timeout_body_s, self._body_timed_out)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._receiving = False
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        self._cancel_timers()
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
@@ -154,7 +171,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     # ---- limits ----------------------------------------------------------------
     def _start_head(self) -> None:
-        self._in_head, self._receiving = True, True
+        self._in_head, self._receiving, self._declares_body = True, True, False
         self._head_bytes = self._head_size = self._head_count = 0
         if self._head_timer is not None:
             self._head_timer.cancel()
@@ -177,9 +194,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._in_head and not self.transport.is_closing():
-            self._cancel_timers()
-            self.transport.write(_response(408, f"request head not received within {self.limits.timeout_header_s}s"))
-            self.transport.close()
+            self._time_out(f"request head not received within {self.limits.timeout_header_s}s")
 
     def _arm_idle(self) -> None:
         if self._idle_timer is not None:
@@ -193,14 +208,39 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self.flow is not None and self.flow.read_paused:
             self._arm_idle()  # the server is not reading: the client is not idle
             return
+        self._time_out(f"request sent nothing for {self.limits.timeout_idle_s}s")
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if not self._receiving or self.transport.is_closing():
+            return
+        if self.flow.read_paused:  # the server is not reading: look again soon
+            self._body_timer = self.loop.call_later(1.0, self._body_timed_out)
+            return
+        self._time_out(f"request body not received within {self.limits.timeout_body_s}s")
+
+    def _time_out(self, message: str) -> None:
+        """408 (where it cannot be taken for the answer to an earlier request) and close."""
         self._cancel_timers()
+        if self._may_answer():
+            self.transport.write(_response(408, message))
         self.transport.close()  # an unfinished request: its handler sees a disconnect
 
+    def _may_answer(self) -> bool:
+        """No response is under way or owed first: one written now answers the request being received."""
+        if self.pipeline:
+            return False
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            return True
+        # Past its head, the request being received is the one running (nothing queued before it).
+        return not self._in_head and not cycle.response_started
+
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._idle_timer):
+        for timer in (self._head_timer, self._idle_timer, self._body_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._idle_timer = None
+        self._head_timer = self._idle_timer = self._body_timer = None
 
 
 class _HeldFlow(FlowControl):
@@ -220,7 +260,7 @@ class _HeldFlow(FlowControl):
 
 
 def _response(status: int, message: str) -> bytes:
-    reason = {408: "Request Timeout", 431: "Request Header Fields Too Large"}[status]
+    reason = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}[status]
     body = message.encode()
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body

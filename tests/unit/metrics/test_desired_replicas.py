@@ -161,6 +161,7 @@ def test_idle_goes_to_the_minimum(trace):
     ("autoscale_smoothing_s", float("inf")),
     ("shutdown_timeout", float("nan")),
     ("timeout_idle_s", float("inf")),
+    ("timeout_body_s", float("nan")),
 ])
 def test_server_options_refuse_nan_and_infinity(option, value):
     from kiln.config import ServerConfig

@@ -5,12 +5,14 @@ import contextlib
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import uvicorn
 
 from kiln.server.http_protocol import FEED_BYTES, MAX_PIPELINED, HttpLimits, protocol_class
 
-LIMITS = HttpLimits(max_header_bytes=32768, max_header_count=100, timeout_header_s=10, timeout_idle_s=30)
+LIMITS = HttpLimits(max_header_bytes=32768, max_header_count=100, timeout_header_s=10, timeout_idle_s=30,
+                    timeout_body_s=60, max_connections=4096)
 READ_BYTES = 256 * 1024  # the most one read of asyncio's or uvloop's transports returns
 GET = b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -103,3 +105,51 @@ def test_a_reading_client_gets_every_pipelined_answer_in_order():
         client.close()
     bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in received.split(b"HTTP/1.1 200 OK\r\n")[1:]]
     assert bodies == [b"/%d" % i for i in range(n)]
+
+
+def read_all(client: socket.socket) -> bytes:
+    received = b""
+    while chunk := client.recv(65536):
+        received += chunk
+    return received
+
+
+def test_a_body_sent_a_byte_at_a_time_gets_408_at_the_body_deadline():
+    with serving(replace(LIMITS, timeout_body_s=1.0)) as (port, _):
+        client = connect(port)
+        client.sendall(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        started = time.monotonic()
+        with contextlib.suppress(OSError):  # the server closes while we still send
+            for _ in range(100):
+                client.sendall(b"a")  # never idle for long: only the deadline stops it
+                time.sleep(0.1)
+                if time.monotonic() - started > 5:
+                    break
+        received = read_all(client)
+        elapsed = time.monotonic() - started
+    assert received.startswith(b"HTTP/1.1 408 "), received
+    assert b"request body not received within 1.0s" in received
+    assert 0.9 < elapsed < 3
+
+
+def test_a_body_that_stops_arriving_gets_408_at_the_idle_timeout():
+    with serving(replace(LIMITS, timeout_idle_s=0.5)) as (port, _):
+        client = connect(port)
+        client.sendall(b"POST /stops HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        received = read_all(client)
+    assert received.startswith(b"HTTP/1.1 408 ") and b"sent nothing for 0.5s" in received, received
+
+
+def test_connections_past_the_cap_get_503_and_those_admitted_keep_working():
+    with serving(replace(LIMITS, max_connections=2)) as (port, _):
+        admitted = [connect(port), connect(port)]
+        time.sleep(0.2)  # both accepted before the third arrives
+        refused = connect(port)
+        assert read_all(refused).startswith(b"HTTP/1.1 503 ")
+        for client in admitted:
+            client.sendall(b"GET /still-served HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert read_all(client).endswith(b"/still-served")
+        time.sleep(0.2)  # their connections are gone: a new one is admitted
+        again = connect(port)
+        again.sendall(b"GET /again HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert read_all(again).endswith(b"/again")
