@@ -28,11 +28,17 @@ def error_body(message: str, error_type: str, param: str | None, status: int) ->
     return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
 
 
-def error_response(exc: KilnError) -> JSONResponse:
+def error_headers(exc: KilnError) -> dict[str, str]:
+    """The headers an error answer carries, OpenAI and KServe alike: the route target, Retry-After on a 503."""
     headers = {TARGET_HEADER: exc.route_target} if exc.route_target is not None else {}
     retry_after = getattr(exc, "retry_after_s", None)
     if exc.http_status == 503 and retry_after is not None:
         headers["Retry-After"] = str(retry_after)
+    return headers
+
+
+def error_response(exc: KilnError) -> JSONResponse:
+    headers = error_headers(exc)
     return JSONResponse(error_body(exc.message, exc.error_type, exc.param, exc.http_status), exc.http_status, headers)
 
 

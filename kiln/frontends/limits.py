@@ -1,6 +1,10 @@
 """Reading a request body within the size limit, as one JSON object, and what
 any value in a body may be.
 
+Bodies are not compressed (a Content-Encoding other than identity is 400):
+they are small (`max_request_bytes`) and inflating them would be one more
+limit to keep. KServe bodies, which carry tensors, may be (kserve/http.py).
+
 The body is parsed strictly (msgspec: no NaN/Infinity, no lone surrogates)
 and refused past `MAX_JSON_DEPTH` levels of nesting, before any model sees it.
 When the fast parser refuses a body, the lenient one re-reads it only to
@@ -34,6 +38,9 @@ def too_large(size: int | str, limit: int) -> InvalidRequestError:
 async def read_json_object(request: Request, max_bytes: int, unique_keys: bool = False) -> dict[str, Any]:
     """The body as a JSON object; `unique_keys`: a key named twice in an object is an error
     (configuration documents, where the last value would win in silence)."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":  # else the compressed bytes would be refused as "invalid JSON"
+        raise InvalidRequestError(f"unsupported Content-Encoding {encoding!r}: send the JSON body uncompressed")
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(declared, max_bytes)

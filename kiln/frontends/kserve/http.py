@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from kiln.dataplane.dataplane import DataPlane
 from kiln.dataplane.routed import TARGET_PARAMETER
 from kiln.errors import InvalidRequestError, KilnError
+from kiln.frontends.errors import error_headers
 from kiln.frontends.kserve import documents
 from kiln.frontends.openapi import request_body
 from kiln.frontends.routing import TARGET_HEADER, route_key
@@ -84,8 +85,7 @@ def _json(value: Any, status: int = 200) -> Response:
 
 def error_response(exc: KilnError) -> Response:
     response = _json({"error": exc.message}, exc.http_status)
-    if exc.route_target is not None:
-        response.headers[TARGET_HEADER] = exc.route_target
+    response.headers.update(error_headers(exc))
     return response
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 from starlette.testclient import TestClient
 
 from kiln.config import EngineConfig, ServerConfig
@@ -103,3 +105,22 @@ def test_a_client_that_leaves_while_sending_its_body_is_not_a_server_error(caplo
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 499
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_kserve_503s_carry_retry_after_like_the_openai_routes():
+    client, dataplane = loading_app()
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}
+    r = client.post("/v2/models/m/infer", json=body)
+    assert r.status_code == 503 and r.headers["retry-after"] == "5", (r.status_code, r.text)
+    assert "retry-after" not in client.post("/v2/models/other/infer", json=body).headers  # a 404
+    dataplane.draining = True
+    r = client.post("/v2/models/m/infer", json=body)
+    assert r.status_code == 503 and r.headers["retry-after"] == "5", (r.status_code, r.text)
+
+
+def test_a_compressed_openai_body_is_refused_naming_its_content_encoding():
+    client, _ = loading_app()
+    r = client.post("/v1/completions", content=gzip.compress(b'{"prompt": "x"}'),
+                    headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "unsupported Content-Encoding 'gzip': send the JSON body uncompressed"
