@@ -25,7 +25,7 @@ U64_PAST = 18446744073709551616
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, tmp_path_factory):
     flags = ["--num-blocks", "256", "--served-model-name", "tiny", "--max-queued-requests", "8",
-             "--timeout-header-s", "1", "--timeout-idle-s", "1"]
+             "--timeout-header-s", "1", "--timeout-idle-s", "1", "--timeout-body-s", "2"]
     with kiln_server(tiny_llama_dir, *flags, tmp_dir=tmp_path_factory.mktemp("hostile")) as s:
         s.first_engine_pid = s.engine_pid()
         yield s
@@ -163,8 +163,33 @@ def test_slow_clients_are_cut_off(server):
     assert seconds < 5
     body_never_ends = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        b"Content-Length: 100\r\n\r\n{\"prompt\":")
-    _, seconds = raw_exchange(server, body_never_ends)
-    assert seconds < 5
+    received, seconds = raw_exchange(server, body_never_ends)
+    assert received.startswith(b"HTTP/1.1 408 ") and seconds < 5, received[:200]
+    received, seconds = trickled_body(server, byte_every_s=0.5)  # never idle for 1 s: the body deadline ends it
+    assert received.startswith(b"HTTP/1.1 408 ") and b"request body not received within 2.0s" in received
+    assert 1.5 < seconds < 5
+    completes(server)
+
+
+def trickled_body(server, byte_every_s: float) -> tuple[bytes, float]:
+    """A completion body sent a byte at a time; (what the server sent until it closed, seconds until then)."""
+    body = b'{"prompt": "hi", "max_tokens": 1}' + b" " * 100
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(POST_HEAD + b"Content-Length: %d\r\n\r\n" % len(body))
+        sock.settimeout(byte_every_s)
+        received = b""
+        for byte in body:
+            try:
+                sock.send(bytes([byte]))
+                received += sock.recv(65536)  # times out while the server waits for more
+                break  # it answered (or closed)
+            except TimeoutError:
+                continue
+        sock.settimeout(10)
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received, time.monotonic() - started
 
 
 POST_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
