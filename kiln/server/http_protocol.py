@@ -50,6 +50,8 @@ MAX_PIPELINED = 16
 # The parser is fed this much at a time, so it stops soon after the queue is
 # full: one slice holds at most FEED_BYTES / 18 requests ("GET / HTTP/1.1" and
 # two CRLFs is the shortest), so the queue never exceeds MAX_PIPELINED + that.
+# The rest of a body of known length is fed whole (it holds no request; small
+# slices would make uvicorn append a large body to itself 4 KiB at a time).
 FEED_BYTES = 4096
 
 
@@ -83,6 +85,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._declares_body = False
+        self._body_left = 0
         self._rejection: bytes | None = None
         self._unparsed = memoryview(b"")  # read, not yet fed to the parser: waits while the pipeline is full
         if over_capacity:
@@ -111,7 +114,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _parse_unparsed(self) -> None:
         """Feed what was read to the parser until it is used up or the pipeline is full."""
         while self._unparsed and not self._pipeline_full() and not self.transport.is_closing():
-            piece, self._unparsed = self._unparsed[:FEED_BYTES], self._unparsed[FEED_BYTES:]
+            size = max(FEED_BYTES, self._body_left)
+            piece, self._unparsed = self._unparsed[:size], self._unparsed[size:]
             self._feed(piece)
         if self._unparsed or self._pipeline_full():
             self.flow.pause_reading()  # resumed by on_response_complete once a queued request is answered
@@ -146,6 +150,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._check_head()
         if name.lower() in (b"content-length", b"transfer-encoding"):
             self._declares_body = True
+        if name.lower() == b"content-length" and value.isdigit():  # llhttp refuses the request if it is not
+            self._body_left = int(value)
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -157,8 +163,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_later(self.limits.timeout_body_s, self._body_timed_out)
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        self._body_left = max(0, self._body_left - len(body))
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
-        self._receiving = False
+        self._receiving, self._body_left = False, 0
         self._cancel_timers()
         super().on_message_complete()
 
@@ -172,6 +182,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # ---- limits ----------------------------------------------------------------
     def _start_head(self) -> None:
         self._in_head, self._receiving, self._declares_body = True, True, False
+        self._body_left = 0  # bytes of this request's body still to come, where its Content-Length says
         self._head_bytes = self._head_size = self._head_count = 0
         if self._head_timer is not None:
             self._head_timer.cancel()

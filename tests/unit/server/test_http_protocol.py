@@ -18,14 +18,15 @@ GET = b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 async def echo_path(scope, receive, send):
-    """Answers every request with its path after reading its whole body."""
+    """Answers every request with its path (and the size of its body, if any) after reading its whole body."""
     if scope["type"] != "http":
         return
-    more = True
+    more, size = True, 0
     while more:
         message = await receive()
+        size += len(message.get("body", b""))
         more = message.get("more_body", False)
-    body = scope["path"].encode()
+    body = scope["path"].encode() + (b":%d" % size if size else b"")
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
     await send({"type": "http.response.body", "body": body})
 
@@ -153,3 +154,28 @@ def test_connections_past_the_cap_get_503_and_those_admitted_keep_working():
         again = connect(port)
         again.sendall(b"GET /again HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert read_all(again).endswith(b"/again")
+
+
+def test_bodies_among_pipelined_requests_arrive_whole_and_the_queue_stays_bounded():
+    sizes = [0, 1, 5000, 300_000, 3, 2_000_000, 0, 70_000] * 3
+    requests = b"".join(
+        b"POST /%d HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (i, size) + b"b" * size + GET * 50
+        for i, size in enumerate(sizes)
+    )
+    with serving() as (port, watched):
+        client = connect(port)
+        sender = threading.Thread(target=client.sendall, args=(requests,))
+        sender.start()
+        received = b""
+        while received.count(b"HTTP/1.1 ") < len(sizes) * 51 or not received.endswith(b"/x"):
+            chunk = client.recv(1 << 16)
+            assert chunk, received[-300:]
+            received += chunk
+        sender.join()
+        client.close()
+    bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in received.split(b"HTTP/1.1 200 OK\r\n")[1:]]
+    expected = []
+    for i, size in enumerate(sizes):
+        expected += [b"/%d:%d" % (i, size) if size else b"/%d" % i] + [b"/x"] * 50
+    assert bodies == expected
+    assert watched.max_pipeline <= MAX_PIPELINED + FEED_BYTES // len(GET)
