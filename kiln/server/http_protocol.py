@@ -84,7 +84,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
-        self._declares_body = False
+        self._in_head = self._receiving = self._declares_body = False  # a refused connection never reaches _start_head
         self._body_left = 0
         self._rejection: bytes | None = None
         self._unparsed = memoryview(b"")  # read, not yet fed to the parser: waits while the pipeline is full
