@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from kiln.config import EngineConfig, flat_options
-from kiln.errors import EngineDeadError, InvalidRequestError
+from kiln.errors import InvalidRequestError, ModelLoadError
 from kiln.llm.engine import core_client
 from kiln.llm.engine.async_llm import AsyncLLM
 from kiln.llm.engine.core_client import ProcessEngineClient, discard_prespawned, prespawn
@@ -27,7 +27,7 @@ from tests.integration.openai.live import ROOT
 def test_a_bad_model_fails_the_start_with_the_reason(tmp_path):
     client = ProcessEngineClient(EngineConfig.from_flat(model=str(tmp_path / "missing.gguf")))
     started = time.monotonic()
-    with pytest.raises(EngineDeadError) as e:
+    with pytest.raises(ModelLoadError) as e:  # the model's fault keeps its kind across the process boundary
         client.start(lambda r: None, lambda m: None)
     assert "missing.gguf" in e.value.message and time.monotonic() - started < 60
     assert client.proc.poll() is not None
@@ -39,7 +39,7 @@ def test_an_engine_started_ahead_is_adopted_by_the_first_client_of_its_config(tm
     prespawn(config)
     ahead = core_client._ahead[config][0]
     client = ProcessEngineClient(config)
-    with pytest.raises(EngineDeadError, match="missing.gguf"):
+    with pytest.raises(ModelLoadError, match="missing.gguf"):
         client.start(lambda r: None, lambda m: None)
     assert client.proc is ahead and ahead.poll() is not None and not core_client._ahead
     assert discard_prespawned() == 0
