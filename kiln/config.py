@@ -247,7 +247,11 @@ class SpecConfig:
         unused = [name for name, value in self._method_options().items()
                   if value != SpecConfig.__dataclass_fields__[name].default]
         if unused:  # set for a method that is not on, they would be ignored without a word
-            method = f"spec_method {self.spec_method or 'unset'}" + (" and a draft_model" if self.draft_model else "")
+            # "with spec_method unset and a draft_model" read oddly when draft_model was the option unused
+            method = (f"spec_method {self.spec_method}" if self.spec_method
+                      else "no spec_method (set spec_method draft or ngram)")
+            if self.draft_model and "draft_model" not in unused:
+                method += " and a draft_model"
             raise ConfigError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing with {method}",
                               param=unused[0])
 

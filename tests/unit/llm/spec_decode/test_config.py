@@ -26,8 +26,10 @@ def test_invalid_options_raise_config_error(bad):
 
 @pytest.mark.parametrize(("options", "message"), [
     # Each was accepted and ignored without a word (a draft model path that did not exist too).
-    (dict(num_speculative_tokens=8), "num_speculative_tokens does nothing with spec_method unset"),
-    (dict(draft_model="/nonexistent/draft.gguf"), "draft_model does nothing with spec_method unset"),
+    (dict(num_speculative_tokens=8), "num_speculative_tokens does nothing with no spec_method "),
+    # "draft_model does nothing with spec_method unset and a draft_model" before
+    (dict(draft_model="/nonexistent/draft.gguf"),
+     r"draft_model does nothing with no spec_method \(set spec_method draft or ngram\)$"),
     (dict(spec_method="ngram", draft_num_layers=3), "draft_num_layers does nothing with spec_method ngram"),
     (dict(spec_method="draft", ngram_max_n=2), "ngram_max_n does nothing with spec_method draft"),
     (dict(spec_method="draft", draft_model="/m", draft_num_layers=3),
