@@ -301,6 +301,9 @@ class ParallelConfig:
             raise ConfigError(
                 f"worker_launch must be one of {WORKER_LAUNCHES}, got {self.worker_launch!r}", param="worker_launch"
             )
+        if self.worker_launch == "env" and self.world_size == 1:  # was accepted; ranks started for it waited forever
+            raise ConfigError("worker_launch env joins other ranks: set tensor_parallel_size or "
+                              "pipeline_parallel_size above 1", param="worker_launch")
         if self.num_micro_batches is not None and not 1 <= self.num_micro_batches <= 256:
             raise ConfigError("num_micro_batches must be in [1, 256]", param="num_micro_batches")
         if not 0 < self.dist_timeout_s <= MAX_DIST_TIMEOUT_S:

@@ -23,12 +23,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import NoReturn
 
 import torch
 
 from kiln.config import EngineConfig
-from kiln.errors import EngineDeadError, KilnError, ModelLoadError
+from kiln.errors import ConfigError, EngineDeadError, KilnError, ModelLoadError
 from kiln.llm.kv_cache.manager import cdiv
 from kiln.llm.models.arch import LlamaArch
 from kiln.llm.parallel.model import gather_weight_bytes
@@ -122,8 +123,9 @@ class ParallelRunner:
             self.workers = WorkerProcesses(p.world_size, config.model.device, p.dist_timeout_s)
             init_method = self.workers.init_method
         else:
-            if int(os.environ.get("RANK", "0")) != 0:
-                raise KilnError("the driver must be RANK 0; start other ranks with `kiln worker`")
+            problem = driver_env_problem(os.environ, p.world_size)
+            if problem is not None:
+                raise ConfigError(problem, param="worker_launch")
             init_method = "env://"
         try:
             self.state = join_world(0, p.world_size, init_method, config.model.device, p.dist_timeout_s)
@@ -261,3 +263,19 @@ class ParallelRunner:
             shutdown_distributed()
         except Exception:
             log.exception("destroying the process group failed")
+
+
+def driver_env_problem(env: Mapping[str, str], world_size: int) -> str | None:
+    """What is wrong with the driver's torchrun-style environment (`worker_launch="env"`), before it
+    waits for ranks: no MASTER_ADDR was a 42-line torch traceback, a WORLD_SIZE other than TP x PP
+    was ignored (the ranks started for it waited out the timeout)."""
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
+    if missing:
+        return f"--worker-launch env needs {missing[0]} set (torchrun-style: MASTER_ADDR, MASTER_PORT; RANK 0 here)"
+    rank, world = env.get("RANK", "0").strip(), env.get("WORLD_SIZE", str(world_size)).strip()
+    if rank != "0":
+        return f"the driver must be RANK 0 (got RANK={rank!r}); start other ranks with `kiln worker`"
+    if world != str(world_size):
+        return (f"WORLD_SIZE={world!r}, but tensor_parallel_size x pipeline_parallel_size is {world_size}: "
+                "start that many ranks in all")
+    return None

@@ -74,3 +74,22 @@ def test_a_worker_names_what_is_wrong_before_waiting_on_the_driver(env, flags, m
     problem = setting_problem(environment, flags.get("device", "cpu"), flags.get("timeout_s", 300.0))
     assert problem is not None and re.search(message, problem), problem
     assert setting_problem(base, "cpu", 300.0) is None
+
+
+def test_the_drivers_torchrun_environment_is_checked_before_it_waits():
+    # No MASTER_ADDR was a 42-line torch traceback; WORLD_SIZE=3 for TP=2 was ignored until the timeout.
+    from kiln.llm.parallel.executor import driver_env_problem
+
+    good = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "2", "RANK": "0"}
+    assert driver_env_problem(good, 2) is None
+    assert driver_env_problem({k: v for k, v in good.items() if k not in ("WORLD_SIZE", "RANK")}, 2) is None
+    cases = [
+        ({**good, "MASTER_ADDR": ""}, "--worker-launch env needs MASTER_ADDR set"),
+        ({k: v for k, v in good.items() if k != "MASTER_PORT"}, "needs MASTER_PORT set"),
+        ({**good, "RANK": "1"}, "the driver must be RANK 0 (got RANK='1')"),
+        ({**good, "WORLD_SIZE": "3"}, "WORLD_SIZE='3', but tensor_parallel_size x pipeline_parallel_size is 2"),
+    ]
+    for env, message in cases:
+        assert message in (driver_env_problem(env, 2) or ""), (env, driver_env_problem(env, 2))
+    with pytest.raises(ConfigError, match="worker_launch env joins other ranks"):
+        ParallelConfig(worker_launch="env")
