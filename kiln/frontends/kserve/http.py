@@ -225,13 +225,17 @@ async def infer_response(dataplane: DataPlane, request: Request, name: str, vers
     header = request.headers.get(HEADER_LENGTH)
     if header is not None and not (header.isascii() and header.isdigit()):
         raise InvalidRequestError(f"invalid {HEADER_LENGTH} header {header!r}")
-    infer_request = await _off_loop(
-        len(body), parse_infer_request, body, int(header) if header else None, name, _version(version), limits
-    )
+    args = (body, int(header) if header else None, name, _version(version), limits)
+    # Inline for small bodies without the coroutine of _off_loop: this is every small request's path.
+    infer_request = (parse_infer_request(*args) if len(body) <= INLINE_PARSE_BYTES
+                     else await asyncio.to_thread(parse_infer_request, *args))
     key = route_key(request.headers)
     response = await _cancel_on_disconnect(request, dataplane.infer(infer_request, route_key=key))
-    output_bytes = sum(array.nbytes for array in response.outputs.values())  # its JSON text is no shorter
-    payload, header_length = await _off_loop(output_bytes, encode_infer_response, response, infer_request)
+    output_bytes = 0
+    for array in response.outputs.values():
+        output_bytes += array.nbytes  # its JSON text is no shorter
+    payload, header_length = (encode_infer_response(response, infer_request) if output_bytes <= INLINE_PARSE_BYTES
+                              else await asyncio.to_thread(encode_infer_response, response, infer_request))
     target = response.parameters.get(TARGET_PARAMETER)
     headers = {TARGET_HEADER: str(target)} if target is not None else {}
     if header_length is None:

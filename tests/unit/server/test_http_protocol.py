@@ -15,6 +15,9 @@ LIMITS = HttpLimits(max_header_bytes=32768, max_header_count=100, timeout_header
                     timeout_body_s=60, max_connections=4096)
 READ_BYTES = 256 * 1024  # the most one read of asyncio's or uvloop's transports returns
 GET = b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
+# More requests than the kernel's socket buffers hold (tcp_rmem's 32 MiB + tcp_wmem's 4 MiB at most here):
+# 200,000 (5.6 MB) fitted in them, so the client could send them all with the server reading nothing.
+LOTS = 2_000_000
 
 
 async def echo_path(scope, receive, send):
@@ -80,11 +83,11 @@ def test_a_client_that_pipelines_without_reading_makes_the_server_queue_a_bounde
         client.settimeout(0.5)
         sent = 0
         with contextlib.suppress(TimeoutError):  # the server stops reading: our send blocks
-            while sent < 200_000:
+            while sent < LOTS:
                 client.sendall(GET * 1000)
                 sent += 1000
         client.close()
-    assert sent < 200_000  # the server stopped reading, so the client could not go on
+    assert sent < LOTS  # the server stopped reading, so the client could not go on
     assert watched.max_pipeline <= MAX_PIPELINED + FEED_BYTES // len(GET)
     assert watched.max_unsent < 1 << 20
     assert watched.max_held <= READ_BYTES  # what one read brings: no further read while bytes are held
