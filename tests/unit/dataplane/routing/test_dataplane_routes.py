@@ -31,6 +31,14 @@ def metric(plane, name: str, **labels) -> float:
     return total
 
 
+async def shadows_done(plane, n: int) -> None:
+    """Wait (up to ~1 s) until route r's shadow copies, which finish in the background, number n."""
+    for _ in range(100):
+        if metric(plane, "kiln:route_shadow_requests_total", route="r") == n:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def started(repo, **config):
     plane = repository_plane(repo, **config)
     plane.load_routes()
@@ -84,10 +92,7 @@ def test_a_failing_shadow_is_invisible_to_the_caller_and_recorded(tmp_path):
     async def main():
         plane = await started(repo)
         responses = [await plane.infer(request()) for _ in range(20)]
-        for _ in range(100):  # shadows finish in the background
-            if metric(plane, "kiln:route_shadow_requests_total", route="r", target="m@2") == 20:
-                break
-            await asyncio.sleep(0.01)
+        await shadows_done(plane, 20)
         out = {name: metric(plane, name, route="r") for name in (
             "kiln:route_shadow_requests_total", "kiln:route_shadow_errors_total", "kiln:route_errors_total",
             "kiln:route_requests_total")}
@@ -318,10 +323,7 @@ def test_the_shadow_copy_of_a_bad_request_is_not_a_shadow_error(tmp_path):
         for _ in range(5):
             with pytest.raises(InvalidRequestError):
                 await plane.infer(bad)
-        for _ in range(100):
-            if metric(plane, "kiln:route_shadow_requests_total", route="r") == 5:
-                break
-            await asyncio.sleep(0.01)
+        await shadows_done(plane, 5)
         out = {name: metric(plane, name, route="r") for name in (
             "kiln:route_shadow_requests_total", "kiln:route_shadow_errors_total", "kiln:route_errors_total",
             "kiln:route_shadow_latency_seconds_count")}
